@@ -1,0 +1,36 @@
+"""matpo_jax: Multi-Agent Tool-Integrated Policy Optimization in JAX."""
+from setuptools import find_packages, setup
+
+setup(
+    name="matpo_jax",
+    version="0.1.0",
+    description="MATPO: train planner and worker roles of one LLM with tool-integrated RL, in JAX.",
+    packages=find_packages(include=["matpo_jax", "matpo_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.12,<0.13",
+        "transformers>=5.0,<6",
+        "tokenizers>=0.22",
+        "safetensors>=0.5",
+        "tensorflow-datasets>=4.9.9",
+        "array-record>=0.8",
+        "grain>=0.2.12",
+        "ml-collections>=1.0",
+        "absl-py>=2.1",
+        "requests>=2.31",
+        "jinja2>=3.1",
+        # BM25 ranking for the local search service.
+        "bm25s>=0.2.13",
+        # Curves as PNG files in the workdir, and TensorBoard event files without TensorFlow.
+        "matplotlib>=3.8",
+        "tensorboardX>=2.6",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0"],
+        "tpu": ["jax[tpu]>=0.10,<0.11"],
+    },
+)
