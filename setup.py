@@ -17,6 +17,8 @@ setup(
         "safetensors>=0.5",
         "tensorflow-datasets>=4.9.9",
         "array-record>=0.8",
+        # tfds imports it to locate builder code but does not declare it (tensorflow/datasets#11212).
+        "importlib_resources>=6",
         "grain>=0.2.12",
         "ml-collections>=1.0",
         "absl-py>=2.1",

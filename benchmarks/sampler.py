@@ -1,0 +1,220 @@
+"""Decode throughput of the jitted slot sampler vs Hugging Face transformers `generate`, one run.
+
+Both sides run the SAME weights (a random transformers Qwen3ForCausalLM saved with save_pretrained
+and loaded here with matpo_jax.model.load_pretrained), the same prompts, greedy, KV cache, every row
+forced to the full length (transformers: min_new_tokens; ours: no stop ids). Time covers the whole
+generate call (prefill + decode) after a warm-up call, so compilation is excluded on our side and
+first-call allocations on theirs. torch uses as many threads as XLA's CPU client (the cores here).
+
+Also measures the host-callback round trip: the same generation with a host called after every
+token (turn cap 1, the host re-activates every slot) vs once per prompt.
+
+    python benchmarks/sampler.py [--quick] [--out benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+from flax import nnx
+
+from matpo_jax.model import Qwen3Config, load_pretrained
+from matpo_jax.sampling import Sampling, SlotInjection, generate, run_slots
+
+SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family)
+    "4M": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "30M": dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+}
+GREEDY = Sampling(greedy=True)
+
+
+def best_time(fn, repeats):
+    fn()  # warm-up: compilation, allocator, caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def build_pair(fields, seed=0):
+    """A random HF model and the same weights in our model (through a safetensors checkpoint)."""
+    config = Qwen3Config(**fields)
+    torch.manual_seed(seed)
+    hf_config = transformers.Qwen3Config(**config.to_hf_dict())
+    hf_model = transformers.Qwen3ForCausalLM(hf_config).eval()
+    with tempfile.TemporaryDirectory() as path:
+        hf_model.save_pretrained(path)
+        ours = load_pretrained(path)
+    return hf_model, ours
+
+
+def same_weights_check(hf_model, ours, prompts):
+    """Max |logit difference| of the two forwards on the prompts (proves the weights match)."""
+    with torch.no_grad():
+        theirs = hf_model(torch.as_tensor(prompts)).logits.numpy()
+    mine = np.asarray(jax.jit(lambda t: ours(t))(jnp.asarray(prompts)))
+    return float(np.abs(theirs - mine).max())
+
+
+def ours_generate(ours, prompts, new_tokens):
+    graphdef, state = nnx.split(ours)
+    batch, prompt_len = prompts.shape
+    rows = [row.tolist() for row in prompts]
+
+    def run():
+        tokens, _ = generate(state, graphdef, rows, new_tokens, GREEDY, stop_ids=(), slots=batch,
+                             max_len=prompt_len + new_tokens)
+        assert all(len(t) == new_tokens for t in tokens)
+        return tokens
+    return run
+
+
+def hf_generate(hf_model, prompts, new_tokens):
+    input_ids = torch.as_tensor(prompts)
+    attention_mask = torch.ones_like(input_ids)
+
+    def run():
+        with torch.no_grad():
+            out = hf_model.generate(input_ids, attention_mask=attention_mask, do_sample=False,
+                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                    eos_token_id=None, pad_token_id=0, use_cache=True)
+        assert out.shape[1] == prompts.shape[1] + new_tokens
+        return out
+    return run
+
+
+class _EveryStepHost:
+    """Loads the prompts, then re-activates every slot after each 1-token turn: one io_callback
+    round trip per decoded token (what a host called every step costs)."""
+
+    def __init__(self, prompts, new_tokens):
+        self.prompts, self.remaining = prompts, new_tokens
+        self.loaded = False
+
+    def __call__(self, events):
+        batch, width = self.prompts.shape
+        injection = SlotInjection.nothing(batch, width)
+        if not self.loaded:
+            injection.tokens[:], injection.num[:], injection.reset[:] = self.prompts, width, True
+            self.loaded = True
+        else:
+            self.remaining -= 1
+        injection.active[:] = self.remaining > 0
+        injection.done = self.remaining == 0
+        return injection
+
+
+def callback_overhead(ours, prompts, new_tokens, repeats):
+    """Seconds per host round trip: (every-step run - one-call run) / extra host calls."""
+    graphdef, state = nnx.split(ours)
+    batch, prompt_len = prompts.shape
+    max_len = prompt_len + new_tokens
+    every_step_stats = []
+
+    def every_step():
+        every_step_stats.append(run_slots(state, graphdef, _EveryStepHost(prompts, new_tokens),
+                                          slots=batch, max_len=max_len, max_turn=1,
+                                          sampling=GREEDY))
+
+    rare = best_time(ours_generate(ours, prompts, new_tokens), repeats)
+    frequent = best_time(every_step, repeats)
+    extra_calls = every_step_stats[-1].host_calls - 2  # generate calls the host twice
+    return dict(batch=batch, new_tokens=new_tokens, seconds_rare=rare, seconds_every_step=frequent,
+                host_calls_every_step=every_step_stats[-1].host_calls,
+                us_per_round_trip=1e6 * (frequent - rare) / extra_calls)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny lengths: a smoke run")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = parser.parse_args()
+    prompt_len, new_tokens, repeats = (8, 8, 1) if args.quick else (64, 128, 2)
+    batches = (1, 32)
+    threads = os.cpu_count()  # XLA's CPU client uses every core; torch gets the same
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+
+    rows = []
+    for size, fields in SIZES.items():
+        hf_model, ours = build_pair(fields)
+        params = sum(p.numel() for p in hf_model.parameters())
+        for batch in batches:
+            prompts = rng.integers(0, fields["vocab_size"], (batch, prompt_len)).astype(np.int32)
+            logit_diff = same_weights_check(hf_model, ours, prompts[:1])
+            ours_s = best_time(ours_generate(ours, prompts, new_tokens), repeats)
+            hf_s = best_time(hf_generate(hf_model, prompts, new_tokens), repeats)
+            row = dict(size=size, params=params, batch=batch, prompt_len=prompt_len,
+                       new_tokens=new_tokens, ours_s=ours_s, hf_s=hf_s,
+                       ours_tok_s=batch * new_tokens / ours_s, hf_tok_s=batch * new_tokens / hf_s,
+                       speedup=hf_s / ours_s, max_logit_diff=logit_diff)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+    _, small = build_pair(SIZES["4M"])
+    overhead = [callback_overhead(small, rng.integers(0, 4096, (b, prompt_len)).astype(np.int32),
+                                  new_tokens, repeats) for b in batches]
+    print(json.dumps(overhead), flush=True)
+
+    result = dict(
+        environment=dict(jax=jax.__version__, torch=torch.__version__,
+                         transformers=transformers.__version__, cpu=platform.processor() or
+                         platform.machine(), cores=os.cpu_count(), torch_threads=threads,
+                         jax_backend=jax.default_backend()),
+        settings=dict(prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
+                      greedy=True, dtype="float32", timing="best of repeats, after a warm-up"),
+        throughput=rows, callback_overhead=overhead)
+    if args.quick:
+        return
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "sampler.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(args.out, "sampler.md"), "w") as f:
+        f.write(markdown(result))
+
+
+def markdown(result):
+    env, settings = result["environment"], result["settings"]
+    lines = [
+        "# Sampler decode throughput: matpo_jax slot loop vs transformers `generate`",
+        "",
+        f"CPU, {env['cores']} cores; jax {env['jax']} (XLA CPU, all cores), torch {env['torch']} "
+        f"with `torch.set_num_threads({env['torch_threads']})`, transformers "
+        f"{env['transformers']}. Same weights (HF checkpoint loaded with `load_pretrained`), "
+        f"float32, greedy, KV cache, prompt {settings['prompt_len']} tokens, "
+        f"{settings['new_tokens']} new tokens per row (EOS ignored). Time = whole generate call "
+        "(prefill + decode), best of "
+        f"{settings['repeats']} after a warm-up (compilation excluded).",
+        "",
+        "| model | params | batch | ours tok/s | transformers tok/s | speed-up | max logit diff |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["throughput"]:
+        lines.append(f"| {r['size']} | {r['params'] / 1e6:.1f}M | {r['batch']} | "
+                     f"{r['ours_tok_s']:,.0f} | {r['hf_tok_s']:,.0f} | {r['speedup']:.1f}x | "
+                     f"{r['max_logit_diff']:.1e} |")
+    lines += ["", "Host callback round trip (4M model; host called after every token vs once per "
+              "prompt):", "",
+              "| batch | one-call run (s) | every-token run (s) | host calls | us per round trip |",
+              "|---:|---:|---:|---:|---:|"]
+    for o in result["callback_overhead"]:
+        lines.append(f"| {o['batch']} | {o['seconds_rare']:.3f} | {o['seconds_every_step']:.3f} | "
+                     f"{o['host_calls_every_step']} | {o['us_per_round_trip']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Role prompts and the texts that glue planner and worker contexts together.
+
+Deliberately short: a tiny model is trained on them on a CPU, and every prompt token is context that
+a search result cannot use. The tool schemas are added to the system text by
+`ChatFormat.system_prompt(role_text, tools)`; these texts only describe the role.
+"""
+from __future__ import annotations
+
+import re
+
+from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
+from matpo_jax.tokenizer import strip_think
+from matpo_jax.tokenizer_training import CONTROL_TOKENS
+
+PLANNER_ROLE = (
+    "You are a planner. Split the question into simple sub-tasks and give each one to a worker with "
+    "the subagent tool, one call per turn. Workers search and report back. Answer from their reports."
+)
+WORKER_ROLE = (
+    "You are a worker. Solve the sub-task you are given with the search and open tools, "
+    "one call per turn. Stop when you have the fact."
+)
+SINGLE_ROLE = (
+    "You are a research assistant. Find the facts you need with the search and open tools, "
+    "one call per turn, then answer."
+)
+ROLE_TEXT = {PLANNER: PLANNER_ROLE, WORKER: WORKER_ROLE, SINGLE: SINGLE_ROLE}
+
+QUESTION_INSTRUCTION = "Give the final answer inside \\boxed{}."
+
+FINAL_SUMMARY_INSTRUCTION = (
+    "Stop now and do not call tools. Write a short report for the planner: the conclusion, "
+    "the supporting facts, and the sources (document ids)."
+)
+
+EMPTY_REPORT = "(the worker returned no report)"
+
+
+def question_prompt(question: str) -> str:
+    """User message of a planner or single agent."""
+    return f"{question.strip()}\n{QUESTION_INSTRUCTION}"
+
+
+def worker_recap(main_task: str, subtask: str) -> str:
+    """User message of a worker: the planner's question for context, then its own subtask."""
+    return (
+        f"The main task is: {main_task.strip()}\n"
+        f"Your subtask: {subtask.strip()}\n"
+        "Focus on your subtask only and report what you find back to the planner."
+    )
+
+
+def malformed_call_text(reason: str) -> str:
+    """Tool response shown to the model when its tool call could not be executed."""
+    return f"Error: invalid tool call ({reason}). Write exactly one valid tool call or answer."
+
+
+_TOOL_MARKUP = re.compile(
+    r"<tool_call>.*?(?:</tool_call>|$)|<tool_response>.*?(?:</tool_response>|$)", re.DOTALL
+)
+_LEFTOVER_TAGS = re.compile(r"</?(?:tool_call|tool_response|think)>")
+_BLANK_LINES = re.compile(r"\n{3,}")
+
+
+def clean_report(text: str, max_chars: int) -> str:
+    """The worker's final turn as the planner will read it: reasoning, tool-call markup and control
+    tokens removed, blank runs collapsed, cut to `max_chars` characters."""
+    text = strip_think(text)
+    text = _TOOL_MARKUP.sub("", text)
+    text = _LEFTOVER_TAGS.sub("", text)
+    for token in CONTROL_TOKENS:
+        text = text.replace(token, "")
+    text = _BLANK_LINES.sub("\n\n", text).strip()
+    if not text:
+        return EMPTY_REPORT[:max_chars]
+    return text[:max_chars].rstrip()

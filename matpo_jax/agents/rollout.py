@@ -1,0 +1,438 @@
+"""Planner and worker rollouts of one model, sharing one decode batch.
+
+`run_rollouts` starts G planner rollouts per question (or G single agents) and drives them through
+the slot sampler (`sampling.run_slots`). Every time some slots stop, the engine reads each stopped
+agent's turn, runs the tool calls of all of them at once (thread pool), and answers with the next
+tokens to append in place, or frees the slot:
+- a planner's `subagent` call spawns a worker with a fresh context (role prompt + user-query recap);
+  the planner gives up its slot and is re-admitted, its whole context re-prefilled, once all of its
+  workers have reported;
+- a worker runs its own search/open loop, then gets one no-tools final-summary turn; the cleaned,
+  truncated summary is the tool response its planner receives;
+- single agents call search/open directly.
+
+Token-in, token-out: each `Rollout.tokens` is exactly its slot's KV-cache content. Sampled ids are
+appended as trainable with the sampler's log-probs; everything the engine writes (prompts, tool
+responses, reports, instructions) is appended as non-trainable. Text is decoded only to parse tool
+calls and reports, never re-encoded into a trajectory.
+
+Context budget: a turn is only started when the context, the block injected before it and a full
+turn (`max_new_tokens`) fit in `max_context`; a worker also keeps room for its final-summary turn.
+So the cache never overflows mid-turn, and hitting the budget is a recorded `max_context` finish.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from typing import Sequence
+
+import numpy as np
+
+from matpo_jax import sampling, tokenizer
+from matpo_jax.agents import prompts, tools
+from matpo_jax.agents.scheduler import RELEASE, Continue, SlotScheduler, Turn
+from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
+
+log = logging.getLogger(__name__)
+
+MODES = ("matpo", "single")
+MALFORMED_POLICIES = ("error_message", "end_rollout")
+
+# Finish reasons (Rollout.finish_reason).
+ANSWER = "answer"  # a turn without a tool call
+MAX_TURNS = "max_turns"  # the role's turn cap was reached with a tool call pending
+MAX_CONTEXT = "max_context"  # the next turn would not fit in max_context
+MAX_NEW_TOKENS = "max_new_tokens"  # a turn was cut off by the per-turn token cap
+MALFORMED = "malformed_tool_call"  # malformed_tool_call="end_rollout"
+ERROR = "error"  # the engine failed on this rollout (logged); the batch goes on
+FINISH_REASONS = (ANSWER, MAX_TURNS, MAX_CONTEXT, MAX_NEW_TOKENS, MALFORMED, ERROR)
+
+
+class RolloutConfigError(ValueError):
+    """A rollout setting out of range; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    mode: str = "matpo"  # "matpo" (planner + workers) | "single" (one agent with search/open)
+    group_size: int = 1  # G samples per question
+    max_turns_planner: int = 8  # assistant turns of a planner (and of a single agent)
+    max_turns_worker: int = 8  # tool-loop turns of a worker (its final summary comes on top)
+    max_context: int = 4096  # tokens of one rollout's context: prompt + sampled + injected
+    max_new_tokens: int = 256  # tokens of one assistant turn
+    max_worker_calls_per_turn: int = 1  # subagent calls run per planner turn; the rest get an error
+    report_max_chars: int = 2000  # worker report cap (characters) as the planner reads it
+    tool_response_max_chars: int = 4000  # search/open output cap (characters)
+    final_summary: bool = True  # off: the worker's last answer text is its report (ablation)
+    user_query_recap: bool = True  # off: the worker's user message is the subtask alone (ablation)
+    malformed_tool_call: str = "error_message"  # | "end_rollout" (the reference release)
+    slots: int = 8  # B: rows of the shared decode batch
+    temperature: float = 1.0
+    top_p: float = 1.0
+    mix_roles: bool = True  # False: planners and workers decode in separate phases (baseline)
+    tool_threads: int = 16  # concurrent tool calls per host call
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise RolloutConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.malformed_tool_call not in MALFORMED_POLICIES:
+            raise RolloutConfigError(f"malformed_tool_call must be one of {MALFORMED_POLICIES}, "
+                                     f"got {self.malformed_tool_call!r}")
+        for name in ("group_size", "max_turns_planner", "max_turns_worker", "max_context",
+                     "max_new_tokens", "max_worker_calls_per_turn", "report_max_chars",
+                     "tool_response_max_chars", "slots", "tool_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise RolloutConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_new_tokens >= self.max_context:
+            raise RolloutConfigError(f"max_new_tokens ({self.max_new_tokens}) must be smaller "
+                                     f"than max_context ({self.max_context})")
+
+    @property
+    def sampling(self) -> sampling.Sampling:
+        return sampling.Sampling(temperature=self.temperature, top_p=self.top_p,
+                                 max_turn_tokens=self.max_new_tokens)
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    rollouts: list[Rollout]  # sorted by rollout_id: planners / single agents first, then workers
+    metrics: dict[str, float]
+
+    def by_role(self, role: str) -> list[Rollout]:
+        return [r for r in self.rollouts if r.role == role]
+
+    def children(self, planner: Rollout) -> list[Rollout]:
+        by_id = {r.rollout_id: r for r in self.rollouts}
+        return [by_id[i] for i in planner.child_ids]
+
+
+def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
+                 questions: Sequence[str], cfg: RolloutConfig, rng) -> RolloutBatch:
+    """Rolls out G samples per question; returns every planner, worker (or single) trajectory.
+
+    toolbox: a `tools.ToolBox` running `search` / `open` (`.call(name, arguments) -> ToolResult`,
+    never raising); the engine handles `subagent` itself. rng: the sampler's key.
+    """
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
+        engine = _Engine(chat, toolbox, cfg, pool)
+        engine.start(questions)
+        loop = sampling.run_slots(
+            model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
+            max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng)
+    engine.check_all_finished()
+    rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
+    metrics = rollout_metrics(rollouts, cfg)
+    metrics.update(engine.counters)
+    metrics.update(
+        slot_utilisation=loop.sampled_tokens / max(1, cfg.slots * loop.decode_steps),
+        decode_steps=loop.decode_steps, host_calls=loop.host_calls,
+        sampled_tokens=loop.sampled_tokens, prefill_tokens=engine.scheduler.stats.prefill_tokens,
+        injected_tokens=engine.scheduler.stats.injected_tokens,
+        wall_time_s=time.perf_counter() - start)
+    metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
+    return RolloutBatch(rollouts, metrics)
+
+
+def _stop_ids(chat) -> dict[int, int]:
+    # Turns end at <|im_end|> (Qwen3 closes a tool-call turn with it too) or eos; not at
+    # </tool_call>, so the closing <|im_end|> is sampled, hence trained, as in render().
+    return {int(chat.eos_id): sampling.STOP_EOS, int(chat.im_end_id): sampling.STOP_IM_END}
+
+
+# ================================================================================ the engine
+
+
+@dataclasses.dataclass
+class _Agent:
+    """Host-side state of one rollout between its turns."""
+
+    record: Rollout
+    tools: list[dict]  # the schemas in this role's prompt (what its calls are checked against)
+    question: str  # the planner's question (workers: their planner's)
+    max_turns: int
+    budget: int  # context the tool loop may use (a worker keeps room for its summary)
+    in_summary: bool = False  # a worker's final-summary turn is running
+    responses: list[str | None] = dataclasses.field(default_factory=list)  # awaiting reports
+    response_of_worker: dict[int, int] = dataclasses.field(default_factory=dict)
+    finished: bool = False
+
+
+@dataclasses.dataclass
+class _Call:
+    """One tool call of the turn being handled, and the text that answers it."""
+
+    record: ToolCallRecord
+    call: tokenizer.ToolCall | None
+    response: str | None = None  # None until known (tool run, or worker report)
+
+
+class _Engine:
+    def __init__(self, chat, toolbox, cfg: RolloutConfig, pool):
+        self.chat, self.toolbox, self.cfg, self.pool = chat, toolbox, cfg, pool
+        self.agents: dict[int, _Agent] = {}
+        self.scheduler = SlotScheduler(cfg.slots, cfg.max_context, self.on_turns,
+                                       mix_roles=cfg.mix_roles, group_order=(PLANNER, WORKER))
+        self.counters = collections.Counter(worker_calls_over_limit=0, errors=0)
+        self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
+
+    # ----------------------------------------------------------------------- starting rollouts
+    def start(self, questions: Sequence[str]) -> None:
+        cfg = self.cfg
+        role = PLANNER if cfg.mode == "matpo" else SINGLE
+        schemas = [tools.SUBAGENT_SCHEMA] if role == PLANNER else [tools.SEARCH_SCHEMA,
+                                                                    tools.OPEN_SCHEMA]
+        for q, question in enumerate(questions):
+            for g in range(cfg.group_size):
+                record = Rollout(rollout_id=len(self.agents), role=role, query_index=q,
+                                 sample_index=g, parent_id=None)
+                agent = _Agent(record, schemas, question, cfg.max_turns_planner, cfg.max_context)
+                self._open(agent, prompts.question_prompt(question))
+
+    def _spawn_worker(self, planner: _Agent, subtask: str, response_index: int) -> None:
+        cfg = self.cfg
+        parent = planner.record
+        record = Rollout(rollout_id=len(self.agents), role=WORKER, query_index=parent.query_index,
+                         sample_index=parent.sample_index, parent_id=parent.rollout_id)
+        parent.child_ids.append(record.rollout_id)
+        planner.response_of_worker[record.rollout_id] = response_index
+        budget = cfg.max_context
+        if cfg.final_summary:  # keep room for the summary instruction and one more turn
+            budget -= len(self._summary_ids) + cfg.max_new_tokens
+        agent = _Agent(record, [tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA], planner.question,
+                       cfg.max_turns_worker, budget)
+        message = (prompts.worker_recap(planner.question, subtask) if cfg.user_query_recap
+                   else subtask)
+        self._open(agent, message)
+
+    def _open(self, agent: _Agent, user_message: str) -> None:
+        """Writes the agent's prompt and queues it for a slot (or ends it if nothing fits)."""
+        record = agent.record
+        self.agents[record.rollout_id] = agent
+        system = self.chat.system_prompt(prompts.ROLE_TEXT[record.role], agent.tools)
+        record.append(self.chat.prompt_ids([{"role": "system", "content": system},
+                                            {"role": "user", "content": user_message}]),
+                      trainable=False)
+        if self._fits(agent, 0):
+            self.scheduler.admit(record.rollout_id, record.tokens, group=record.role,
+                                 priority=_priority(record.role))
+        else:
+            self._finish(agent, MAX_CONTEXT)
+
+    # ----------------------------------------------------------------------- the host callback
+    def on_turns(self, turns: Sequence[Turn]) -> dict[int, Continue | None]:
+        """Reads every stopped agent's turn, runs all their tool calls at once, answers each."""
+        plans: dict[int, list[_Call] | Continue | None] = {}
+        for turn in turns:
+            agent = self.agents[turn.seq_id]
+            plans[turn.seq_id] = self._guard(agent, self._read_turn, agent, turn)
+        self._run_tools([call for plan in plans.values() if isinstance(plan, list)
+                         for call in plan])
+        decisions = {}
+        for seq_id, plan in plans.items():
+            agent = self.agents[seq_id]
+            if isinstance(plan, list):
+                plan = self._guard(agent, self._answer_calls, agent, plan)
+            decisions[seq_id] = plan
+        return decisions
+
+    def _guard(self, agent: _Agent, method, *args):
+        """Runs one agent's step; a failure ends that rollout ("error"), not the whole batch."""
+        try:
+            return method(*args)
+        except Exception:  # noqa: BLE001 - logged and counted; the other rollouts go on
+            log.exception("rollout %d failed", agent.record.rollout_id)
+            self.counters["errors"] += 1
+            if not agent.finished:
+                self._finish(agent, ERROR)
+            return RELEASE
+
+    def _read_turn(self, agent: _Agent, turn: Turn) -> list[_Call] | Continue | None:
+        """Records the sampled turn; returns its tool calls to run, or what the slot does next."""
+        record = agent.record
+        record.append(turn.tokens, trainable=True, logprobs=turn.logprobs)
+        record.num_turns += 1
+        text = self.chat.decode(turn.tokens)
+        record.assistant_texts.append(text)
+        if agent.in_summary:
+            return self._finish(agent, record.finish_reason)
+        if turn.stop_reason == sampling.STOP_CACHE_FULL:
+            return self._stop(agent, MAX_CONTEXT)
+        if turn.stop_reason == sampling.STOP_TURN_CAP:
+            return self._stop(agent, MAX_NEW_TOKENS)
+        if not tokenizer.has_tool_call(text):
+            return self._stop(agent, ANSWER)
+        calls = self._parse_calls(agent, text)
+        record.tool_calls.extend(c.record for c in calls)
+        if (self.cfg.malformed_tool_call == "end_rollout"
+                and any(not c.record.valid for c in calls)):
+            return self._stop(agent, MALFORMED)
+        if record.num_turns >= agent.max_turns:
+            return self._stop(agent, MAX_TURNS)
+        return calls
+
+    def _parse_calls(self, agent: _Agent, text: str) -> list[_Call]:
+        turn = agent.record.num_turns - 1
+        if agent.record.role == PLANNER and self.cfg.max_worker_calls_per_turn > 1:
+            blocks = _split_tool_calls(text)  # parallel subagent calls, each parsed on its own
+        else:
+            blocks = [text]
+        calls = []
+        for block in blocks:
+            try:
+                call = tokenizer.parse_tool_call(block, agent.tools)
+            except tokenizer.MalformedToolCall as malformed:
+                calls.append(_Call(ToolCallRecord(turn, None, None, False, malformed.reason), None,
+                                   prompts.malformed_call_text(malformed.reason)))
+                continue
+            calls.append(_Call(ToolCallRecord(turn, call.name, call.arguments, True), call))
+        return calls
+
+    def _run_tools(self, calls: list[_Call]) -> None:
+        """Runs every pending search/open call of this host call concurrently."""
+        jobs = [c for c in calls if c.response is None and c.call.name != "subagent"]
+        futures = [self.pool.submit(self._run_tool, c) for c in jobs]
+        for future in futures:
+            future.result()
+
+    def _run_tool(self, call: _Call) -> None:
+        try:
+            result = self.toolbox.call(call.call.name, call.call.arguments)
+            text, ok = result.text, result.ok
+        except Exception as exc:  # noqa: BLE001 - ToolBox never raises; a fault all the same
+            text, ok = f"Error: {call.call.name} failed: {type(exc).__name__}: {exc}", False
+        if not ok:
+            call.record.tool_failed = True
+            call.record.error = text
+        call.response = text[:self.cfg.tool_response_max_chars]
+
+    def _answer_calls(self, agent: _Agent, calls: list[_Call]) -> Continue | None:
+        """After the tools ran: spawn workers for subagent calls, else answer in place."""
+        agent.responses = [c.response for c in calls]
+        launched = 0
+        for index, call in enumerate(calls):
+            if call.response is not None:
+                continue
+            if launched == self.cfg.max_worker_calls_per_turn:
+                self.counters["worker_calls_over_limit"] += 1
+                call.record.error = "not run: too many subagent calls in one turn"
+                agent.responses[index] = (
+                    f"Error: at most {self.cfg.max_worker_calls_per_turn} subagent call(s) per "
+                    "turn; this one was not run.")
+                continue
+            launched += 1
+            self._spawn_worker(agent, call.call.arguments["subtask"], index)
+        if launched:
+            # The planner waits off-slot; it is re-admitted when the last report is in (which
+            # may be now, if no worker could even start).
+            self._maybe_resume(agent)
+            return RELEASE
+        return self._continue(agent, self.chat.tool_response_ids(agent.responses))
+
+    # ----------------------------------------------------------------------- turn transitions
+    def _fits(self, agent: _Agent, inject_len: int) -> bool:
+        budget = self.cfg.max_context if agent.in_summary else agent.budget
+        return len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens <= budget
+
+    def _continue(self, agent: _Agent, ids: list[int]) -> Continue | None:
+        """Appends a non-trainable block in place and lets the agent take another turn."""
+        if not self._fits(agent, len(ids)):
+            return self._stop(agent, MAX_CONTEXT)
+        agent.record.append(ids, trainable=False)
+        return Continue(ids)
+
+    def _stop(self, agent: _Agent, reason: str) -> Continue | None:
+        """The agent's tool loop is over. A worker then writes its final summary."""
+        record = agent.record
+        if record.role == WORKER and self.cfg.final_summary and record.num_turns > 0:
+            record.finish_reason = reason
+            closed = bool(record.tokens) and record.tokens[-1] == self.chat.im_end_id
+            ids = self.chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=closed)
+            agent.in_summary = True
+            if self._fits(agent, len(ids)):
+                record.append(ids, trainable=False)
+                return Continue(ids)
+        return self._finish(agent, reason)
+
+    def _finish(self, agent: _Agent, reason: str) -> None:
+        """Ends the rollout; a worker hands its report to its planner."""
+        record = agent.record
+        record.finish_reason = reason
+        agent.finished = True
+        if record.role == WORKER:
+            last = record.assistant_texts[-1] if record.assistant_texts else ""
+            record.report = prompts.clean_report(last, self.cfg.report_max_chars)
+            planner = self.agents[record.parent_id]
+            index = planner.response_of_worker.pop(record.rollout_id, None)
+            if index is not None:
+                planner.responses[index] = record.report
+                self._maybe_resume(planner)
+        return RELEASE
+
+    def _maybe_resume(self, planner: _Agent) -> None:
+        """Re-admits a planner whose workers have all reported, its whole context re-prefilled."""
+        if planner.response_of_worker or planner.finished or None in planner.responses:
+            return
+        ids = self.chat.tool_response_ids(planner.responses)
+        planner.responses = []
+        if not self._fits(planner, len(ids)):
+            self._finish(planner, MAX_CONTEXT)
+            return
+        planner.record.append(ids, trainable=False)
+        self.scheduler.admit(planner.record.rollout_id, planner.record.tokens, group=PLANNER,
+                             priority=_priority(PLANNER, resumed=True))
+
+    def check_all_finished(self) -> None:
+        stuck = [a.record.rollout_id for a in self.agents.values() if not a.finished]
+        if stuck:
+            raise RuntimeError(f"the decode loop ended with unfinished rollouts {stuck}")
+
+
+def _priority(role: str, resumed: bool = False) -> int:
+    # Finish what is under way before starting new planners: resumed planners, then workers.
+    if resumed:
+        return 0
+    return 1 if role == WORKER else 2
+
+
+def _split_tool_calls(text: str) -> list[str]:
+    """One text per `<tool_call>` block (the last one may be unterminated)."""
+    body = tokenizer.strip_think(text)
+    parts = body.split(tokenizer.TOOL_CALL_OPEN)[1:]
+    return [tokenizer.TOOL_CALL_OPEN + part for part in parts]
+
+
+# ================================================================================ metrics
+
+
+def rollout_metrics(rollouts: Sequence[Rollout], cfg: RolloutConfig) -> dict[str, float]:
+    """Counts and means over one batch: tool use, delegation, finish reasons, format errors."""
+    top = [r for r in rollouts if r.role in (PLANNER, SINGLE)]
+    workers = [r for r in rollouts if r.role == WORKER]
+    metrics: dict[str, float] = {"num_top_level": len(top), "num_workers": len(workers)}
+    for role, group in ((top[0].role if top else cfg.mode, top), (WORKER, workers)):
+        if not group:
+            continue
+        metrics[f"{role}/tool_calls_per_rollout"] = float(np.mean([len(r.tool_calls)
+                                                                   for r in group]))
+        metrics[f"{role}/turns_per_rollout"] = float(np.mean([r.num_turns for r in group]))
+        metrics[f"{role}/malformed_tool_calls"] = sum(not c.valid for r in group
+                                                      for c in r.tool_calls)
+        metrics[f"{role}/tool_failures"] = sum(c.tool_failed for r in group for c in r.tool_calls)
+        metrics[f"{role}/format_score"] = float(np.mean([r.format_score() for r in group]))
+        metrics[f"{role}/trainable_tokens"] = sum(r.num_trainable for r in group)
+        for reason, count in collections.Counter(r.finish_reason for r in group).items():
+            metrics[f"{role}/finish/{reason}"] = count
+    if cfg.mode == "matpo" and top:
+        metrics["worker_calls_per_planner"] = float(np.mean([len(r.child_ids) for r in top]))
+    metrics["malformed_tool_calls"] = sum(not c.valid for r in rollouts for c in r.tool_calls)
+    metrics["tool_failures"] = sum(c.tool_failed for r in rollouts for c in r.tool_calls)
+    return metrics
+
+
+__all__ = ["RolloutConfig", "RolloutConfigError", "RolloutBatch", "run_rollouts",
+           "rollout_metrics", "FINISH_REASONS"]

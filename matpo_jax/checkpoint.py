@@ -1,0 +1,195 @@
+"""Training checkpoints with Orbax: parameters, optimizer state, step, RNG key and data position.
+
+One checkpoint per saved step, in <directory>/<step>/ with three items:
+  params, opt_state  array trees (Orbax StandardSave), each host writing its own shards;
+  meta               JSON: the step, the RNG key as raw key data, every host's data-iterator state
+                     (grain `get_state()`: a dict, or bytes) and any caller metadata.
+Restoring reads arrays straight onto the shardings of a target tree, so a run saved on one mesh
+resumes on another. Saves are atomic: Orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames
+it when complete (a commit marker on object stores), and never lists an unfinished step.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
+
+PyTree = Any
+
+
+@dataclasses.dataclass
+class Restored:
+    """What a checkpoint gives back."""
+
+    step: int
+    params: PyTree
+    opt_state: PyTree | None  # None when restoring parameters only
+    rng: jax.Array | None
+    data_state: Any  # this host's data-iterator state as saved (dict, bytes, ...) or None
+    metadata: dict
+
+
+def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
+    """A restore target: ShapeDtypeStructs of `tree` (arrays or abstract arrays) carrying either
+    their own sharding or, when given, the matching leaf of `shardings` (a different mesh)."""
+    if shardings is None:
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+            tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+class Checkpointer:
+    """Saves every `save_every` steps, keeps the newest `keep`, restores the newest.
+
+    With `async_save`, `save` returns once the arrays are copied off the devices and the files are
+    written in the background while training goes on; call `wait_until_finished()` (or `close()`)
+    before reading the checkpoint or exiting.
+    """
+
+    def __init__(self, directory: str | epath.PathLike, *, save_every: int = 1, keep: int = 3,
+                 async_save: bool = True):
+        self.directory = epath.Path(directory)
+        if not str(self.directory).startswith(("gs://", "s3://")):
+            self.directory = self.directory.absolute()  # Orbax refuses relative paths
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            save_interval_steps=max(1, save_every),
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    # --------------------------------------------------------------------------------- saving
+    def should_save(self, step: int) -> bool:
+        return self._manager.should_save(step)
+
+    def save(self, step: int, *, params: PyTree, opt_state: PyTree, rng: jax.Array | None = None,
+             data_state: Any = None, metadata: dict | None = None, force: bool = False) -> bool:
+        """Saves if `step` is due (or `force`); returns whether a save was started.
+
+        Every host must call this (the arrays are written collectively). `rng` must be the same
+        on every host; `data_state` is this host's iterator state and may differ per host.
+        """
+        if not (force or self.should_save(step)):
+            return False
+        meta = {
+            "step": int(step),
+            "rng": _encode_rng(rng),
+            "data_states": _all_hosts(_encode_data_state(data_state)),
+            "metadata": metadata or {},
+        }
+        return self._manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta),
+        ), force=force)
+
+    # ------------------------------------------------------------------------------- restoring
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def restore_latest(self, params: PyTree, opt_state: PyTree | None = None) -> Restored | None:
+        """Restores the newest checkpoint onto the targets, or returns None when there is none."""
+        step = self.latest_step()
+        return None if step is None else self.restore(step, params, opt_state)
+
+    def restore(self, step: int, params: PyTree, opt_state: PyTree | None = None) -> Restored:
+        """Restores `step`. `params` / `opt_state` are target trees (arrays or ShapeDtypeStructs,
+        see `abstract_like`) fixing structure, dtypes and shardings; opt_state None skips it."""
+        items = dict(params=ocp.args.StandardRestore(abstract_like(params)),
+                     meta=ocp.args.JsonRestore())
+        if opt_state is not None:
+            items["opt_state"] = ocp.args.StandardRestore(abstract_like(opt_state))
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        meta = restored["meta"]
+        data_states = meta.get("data_states") or [None]
+        host_state = data_states[jax.process_index() % len(data_states)]
+        return Restored(
+            step=int(meta["step"]),
+            params=restored["params"],
+            opt_state=restored["opt_state"] if opt_state is not None else None,
+            rng=_decode_rng(meta.get("rng")),
+            data_state=_decode_data_state(host_state),
+            metadata=meta.get("metadata", {}),
+        )
+
+    # ------------------------------------------------------------------------------- lifecycle
+    def wait_until_finished(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finishes pending writes and releases Orbax's background threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------- JSON-side encodings
+def _encode_rng(rng: jax.Array | None) -> dict | None:
+    """A typed key or a legacy uint32 key as raw key data, so JSON holds it bit-exactly."""
+    if rng is None:
+        return None
+    typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+    data = jax.random.key_data(rng) if typed else rng
+    if isinstance(data, jax.Array) and not data.is_fully_addressable:
+        data = data.addressable_data(0)  # replicated on every host: the local copy is the value
+    data = np.asarray(data)
+    return {
+        "typed": bool(typed),
+        "impl": str(jax.random.key_impl(rng)) if typed else None,
+        "dtype": str(data.dtype),
+        "shape": list(data.shape),
+        "data": data.ravel().tolist(),
+    }
+
+
+def _decode_rng(encoded: dict | None) -> jax.Array | None:
+    if encoded is None:
+        return None
+    data = np.asarray(encoded["data"], dtype=encoded["dtype"]).reshape(encoded["shape"])
+    if encoded["typed"]:
+        return jax.random.wrap_key_data(data, impl=encoded["impl"])
+    return jnp.asarray(data)
+
+
+def _encode_data_state(state: Any) -> Any:
+    # grain's DataLoader iterators give bytes (a JSON document); dataset iterators give dicts.
+    if isinstance(state, (bytes, bytearray)):
+        return {"__bytes_base64__": base64.b64encode(bytes(state)).decode("ascii")}
+    return state
+
+
+def _decode_data_state(state: Any) -> Any:
+    if isinstance(state, dict) and set(state) == {"__bytes_base64__"}:
+        return base64.b64decode(state["__bytes_base64__"])
+    return state
+
+
+def _all_hosts(value: Any) -> list:
+    """Every host's JSON-able `value`, in process order (JSON is written by the primary host)."""
+    if jax.process_count() == 1:
+        return [value]
+    text = np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+    longest = int(np.max(multihost_utils.process_allgather(np.array([text.size]))))
+    padded = np.zeros(longest, np.uint8)
+    padded[:text.size] = text
+    gathered = multihost_utils.process_allgather(padded)  # [hosts, longest]
+    return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in np.asarray(gathered)]

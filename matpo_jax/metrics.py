@@ -1,0 +1,216 @@
+"""Run metrics: a JSON line per record in <workdir>/metrics.jsonl, TensorBoard event files, a
+progress bar with ETA, and the per-role rollout statistics the trainer logs.
+
+Key convention: a metric that exists per role ends in "/<role>" ("response_tokens_mean/planner",
+"response_tokens_mean/worker"), so TensorBoard shows the roles side by side and `plots.py` draws
+them on one axes. Everything is written and flushed per call: a crash loses nothing already logged.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import tqdm
+from tensorboardX import summary as tensorboard_summary
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto import event_pb2, summary_pb2
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+ROLES = ("planner", "worker", "single")  # the roles of agents.trajectory
+
+
+def split_role(key: str) -> tuple[str, str | None]:
+    """Splits a role suffix off: "tool_calls_mean/worker" -> ("tool_calls_mean", "worker")."""
+    base, _, last = key.rpartition("/")
+    return (base, last) if base and last in ROLES else (key, None)
+
+
+def to_scalar(name: str, value: Any) -> float:
+    """A python/numpy/jax scalar (or 1-element array) as a float; anything else is an error."""
+    try:
+        array = np.asarray(value)
+        if array.size != 1 or array.dtype.kind not in "biuf":
+            raise TypeError
+        return float(array.reshape(()))
+    except (TypeError, ValueError):
+        raise ValueError(f"metric {name!r} is not a numeric scalar: {value!r}") from None
+
+
+class MetricsWriter:
+    """Appends metrics to metrics.jsonl and TensorBoard, flushing both on every write.
+
+    On a resumed run pass `resume_step`: records of the crashed run's steps after it (which are
+    about to be redone) are dropped so the log reads as one run. Only the primary host should
+    write; the others pass `enabled=False` and get a writer that does nothing.
+    """
+
+    def __init__(self, workdir: str | Path, *, tensorboard: bool = True,
+                 resume_step: int | None = None, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(workdir) / METRICS_FILE
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            kept = [r for r in read_records(self.path) if r.get("step", -1) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._file = open(self.path, "a", encoding="utf-8")
+        if tensorboard:
+            # tensorboardX's SummaryWriter hands events to a background thread and its flush()
+            # does not wait for them; its synchronous EventsWriter makes "written" mean on disk.
+            logdir = Path(workdir) / TENSORBOARD_DIR
+            logdir.mkdir(parents=True, exist_ok=True)
+            self._tb = EventsWriter(str(logdir / "events"))
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
+        """Logs one record {step, time, **metrics}; values must be numeric scalars."""
+        record = {"step": int(step), "time": time.time()}
+        record.update({name: to_scalar(name, value) for name, value in metrics.items()})
+        if not self.enabled:
+            return record
+        self._file.write(json.dumps(record) + "\n")  # NaN/inf written as JSON5 tokens, read back
+        self._file.flush()
+        if self._tb is not None:
+            summary = summary_pb2.Summary(value=[
+                summary_pb2.Summary.Value(tag=name, simple_value=value)
+                for name, value in record.items() if name not in ("step", "time")])
+            self._write_event(record["step"], record["time"], summary)
+        return record
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        """A text sample (e.g. one decoded rollout) for TensorBoard's text tab."""
+        if self._tb is not None:
+            self._write_event(int(step), time.time(), tensorboard_summary.text(tag, text))
+
+    def _write_event(self, step: int, wall_time: float, summary) -> None:
+        self._tb.write_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The raw records of a metrics.jsonl in file order; a torn last line (crash) is skipped."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    """One merged record per step, sorted by step (train and eval records of a step are joined;
+    for a key written twice at one step the later value wins)."""
+    by_step: dict[int, dict] = {}
+    for record in read_records(path):
+        if "step" in record:
+            by_step.setdefault(int(record["step"]), {}).update(record)
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def series(records: Sequence[Mapping], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the records that carry `key`."""
+    points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None]
+    steps, values = zip(*points) if points else ((), ())
+    return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------ summaries
+def summarize(name: str, values: Iterable[float]) -> dict[str, float]:
+    """{name_mean, name_min, name_max} of `values` (nothing when there are none)."""
+    values = np.asarray(list(values), dtype=np.float64)
+    if values.size == 0:
+        return {}
+    return {f"{name}_mean": float(values.mean()), f"{name}_min": float(values.min()),
+            f"{name}_max": float(values.max())}
+
+
+def summarize_by_role(name: str, values: Sequence[float], roles: Sequence[str]) -> dict[str, float]:
+    """`summarize` per role: {name_mean/planner, ..., name_max/worker}."""
+    if len(values) != len(roles):
+        raise ValueError(f"{len(values)} values but {len(roles)} roles for metric {name!r}")
+    out = {}
+    for role in dict.fromkeys(roles):  # roles in order of first appearance
+        picked = [v for v, r in zip(values, roles) if r == role]
+        out.update({f"{key}/{role}": v for key, v in summarize(name, picked).items()})
+    return out
+
+
+def rollout_stats(rollouts: Sequence[Any]) -> dict[str, float]:
+    """Per-role statistics of a batch of `agents.trajectory.Rollout`s: lengths, turns, tool use,
+    tool-call validity, worker calls per planner and how rollouts ended."""
+    roles = [r.role for r in rollouts]
+    out = {}
+    out.update(summarize_by_role("response_tokens", [r.num_trainable for r in rollouts], roles))
+    out.update(summarize_by_role("context_tokens", [len(r.tokens) for r in rollouts], roles))
+    out.update(summarize_by_role("turns", [r.num_turns for r in rollouts], roles))
+    out.update(summarize_by_role("tool_calls", [len(r.tool_calls) for r in rollouts], roles))
+    planners = [r for r in rollouts if r.role == "planner"]
+    out.update(summarize_by_role("worker_calls", [len(r.child_ids) for r in planners],
+                                 ["planner"] * len(planners)))
+    for role in dict.fromkeys(roles):
+        mine = [r for r in rollouts if r.role == role]
+        calls = [c for r in mine for c in r.tool_calls]
+        out[f"rollouts/{role}"] = float(len(mine))
+        out[f"invalid_tool_call_frac/{role}"] = (
+            sum(not c.valid for c in calls) / len(calls) if calls else 0.0)
+        out[f"tool_failure_frac/{role}"] = (
+            sum(c.tool_failed for c in calls) / len(calls) if calls else 0.0)
+        for reason, count in Counter(r.finish_reason or "unknown" for r in mine).items():
+            out[f"finish_{reason}_frac/{role}"] = count / len(mine)
+    return out
+
+
+# ------------------------------------------------------------------------------ progress bar
+class Progress:
+    """A progress bar over training steps with ETA, showing a few metrics after each step.
+
+    Resumed runs pass `initial` so the ETA counts only the steps still to do.
+    """
+
+    def __init__(self, total: int, *, initial: int = 0, desc: str = "train",
+                 keys: Sequence[str] = ("reward_mean", "accuracy", "loss"), enabled: bool = True,
+                 file=None):
+        self.keys = tuple(keys)
+        self._bar = tqdm.tqdm(total=total, initial=initial, desc=desc, unit="step",
+                              disable=not enabled, file=file or sys.stderr, dynamic_ncols=True,
+                              smoothing=0.3)  # RL steps vary a lot: weight recent ones
+
+    def update(self, metrics: Mapping[str, Any] | None = None, steps: int = 1) -> None:
+        if metrics:
+            shown = {k: to_scalar(k, metrics[k]) for k in self.keys if k in metrics}
+            self._bar.set_postfix({k: f"{v:.4g}" if math.isfinite(v) else str(v)
+                                   for k, v in shown.items()}, refresh=False)
+        self._bar.update(steps)
+
+    def close(self) -> None:
+        self._bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,247 @@
+"""Qwen3 decoder in flax.nnx: packed-sequence training forward and an explicit KV cache.
+
+Parameter names mirror Hugging Face's (`layers/0/self_attn/q_proj/kernel` <-> `model.layers.0.
+self_attn.q_proj.weight`) so checkpoint conversion and partition rules stay one regex each.
+The cache is a plain pytree passed in and returned, so it flows through jit and lax.while_loop.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from matpo_jax.model.config import Qwen3Config
+
+# Finite "minus infinity": a fully masked row (padding) softmaxes to uniform instead of NaN.
+_MASKED_SCORE = -1e30
+
+
+class KVCache(NamedTuple):
+    k: jax.Array  # [layers, batch, max_len, kv_heads, head_dim]
+    v: jax.Array  # [layers, batch, max_len, kv_heads, head_dim]
+    lengths: jax.Array  # [batch] int32: tokens written per row = next write position
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache; `dtype` defaults to the model's compute dtype."""
+    dtype = jnp.dtype(dtype or config.dtype)
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nnx.Module):
+    """Normalises in float32 and scales in the compute dtype, as Hugging Face's Qwen3RMSNorm."""
+
+    def __init__(self, dim: int, eps: float, dtype, param_dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin [B, T, head_dim/2] for integer positions [B, T]; computed once per forward."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates x [B, T, heads, head_dim] with HF's rotate_half layout (halves, not interleaved)."""
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention without repeating K/V: queries are viewed as [kv_heads, group].
+
+    q: [B, T, H, D]; k, v: [B, S, K, D]; mask: [B, T, S] bool (True = may attend).
+    Returns [B, T, H * D].
+    """
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (head_dim ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(batch, q_len, heads * head_dim)
+
+
+def _linear(in_features, out_features, config: Qwen3Config, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(in_features, out_features, use_bias=False, dtype=jnp.dtype(config.dtype),
+                      param_dtype=jnp.dtype(config.param_dtype),
+                      kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+
+
+def _norm(dim: int, config: Qwen3Config) -> RMSNorm:
+    return RMSNorm(dim, config.rms_norm_eps, jnp.dtype(config.dtype), jnp.dtype(config.param_dtype))
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: Qwen3Config, rngs: nnx.Rngs):
+        hidden, head_dim = config.hidden_size, config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
+        self.q_proj = _linear(hidden, self.num_heads * head_dim, config, rngs)
+        self.k_proj = _linear(hidden, self.num_kv_heads * head_dim, config, rngs)
+        self.v_proj = _linear(hidden, self.num_kv_heads * head_dim, config, rngs)
+        self.o_proj = _linear(self.num_heads * head_dim, hidden, config, rngs)
+        self.q_norm = _norm(head_dim, config)
+        self.k_norm = _norm(head_dim, config)
+
+    def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
+        """Attends x [B, T, hidden]. With `layer_cache` = (k, v) [B, S, K, D], the new keys and
+        values are first scattered into slots `write_slots` [B, T] (out of range = dropped) and
+        attention runs over the whole cache; the updated (k, v) is returned alongside."""
+        batch, length, _ = x.shape
+        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        cos, sin = rope
+        # Qwen3 normalises each head before the rotation.
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(k), cos, sin)
+        if layer_cache is not None:
+            k_cache, v_cache = layer_cache
+            rows = jnp.arange(batch)[:, None]
+            k = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
+            v = v_cache.at[rows, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+            layer_cache = (k, v)
+        out = grouped_attention(q, k, v, mask)
+        return self.o_proj(out), layer_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: Qwen3Config, rngs: nnx.Rngs):
+        self.gate_proj = _linear(config.hidden_size, config.intermediate_size, config, rngs)
+        self.up_proj = _linear(config.hidden_size, config.intermediate_size, config, rngs)
+        self.down_proj = _linear(config.intermediate_size, config.hidden_size, config, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: Qwen3Config, rngs: nnx.Rngs):
+        self.input_layernorm = _norm(config.hidden_size, config)
+        self.self_attn = Attention(config, rngs)
+        self.post_attention_layernorm = _norm(config.hidden_size, config)
+        self.mlp = MLP(config, rngs)
+
+    def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
+        attn_out, layer_cache = self.self_attn(self.input_layernorm(x), rope, mask,
+                                               layer_cache, write_slots)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, layer_cache
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class Qwen3ForCausalLM(nnx.Module):
+    def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size, config.hidden_size, dtype=jnp.dtype(config.dtype),
+            param_dtype=jnp.dtype(config.param_dtype),
+            embedding_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+        self.layers = nnx.List(
+            [DecoderLayer(config, rngs) for _ in range(config.num_hidden_layers)])
+        self.norm = _norm(config.hidden_size, config)
+        if not config.tie_word_embeddings:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, config, rngs)
+
+    # --- training / scoring forward
+
+    def __call__(self, tokens, positions=None, segment_ids=None):
+        """Logits [B, T, V] float32 for packed rows: attention is causal within equal segment ids;
+        segment 0 marks padding. Positions default to 0..T-1 (restart them per packed segment)."""
+        return self.logits_from_hidden(self.hidden_states(tokens, positions, segment_ids))
+
+    def hidden_states(self, tokens, positions=None, segment_ids=None):
+        """The final normalised hidden states [B, T, hidden] of __call__, for callers that project
+        to the vocabulary in chunks (the full [B, T, V] float32 logits can dominate memory)."""
+        batch, length = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+        if segment_ids is None:
+            segment_ids = jnp.ones((batch, length), jnp.int32)
+        causal = jnp.tril(jnp.ones((length, length), bool))
+        same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = causal[None] & same_segment & (segment_ids != 0)[:, :, None]
+        hidden = self.embed_tokens(tokens)
+        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        for layer in self.layers:
+            hidden, _ = layer(hidden, rope, mask)
+        return self.norm(hidden)
+
+    # --- cached generation
+
+    def extend(self, tokens, num_valid, cache: KVCache):
+        """Appends tokens[b, :num_valid[b]] to row b at positions cache.lengths[b] + t.
+
+        Returns logits [B, T, V] (rows past num_valid are meaningless) and the new cache. Rows with
+        num_valid 0 are untouched; writes past max_len are dropped, so lengths can exceed max_len
+        (callers detect overflow with cache.lengths > cache.max_len)."""
+        batch, length = tokens.shape
+        num_valid = num_valid.astype(jnp.int32)
+        offsets = jnp.arange(length, dtype=jnp.int32)[None, :]
+        positions = cache.lengths[:, None] + offsets
+        new_lengths = cache.lengths + num_valid
+        # Padding tokens target slot max_len, which mode="drop" discards.
+        write_slots = jnp.where(offsets < num_valid[:, None], positions, cache.max_len)
+        slots = jnp.arange(cache.max_len, dtype=jnp.int32)[None, None, :]
+        mask = (slots <= positions[:, :, None]) & (slots < new_lengths[:, None, None])
+
+        hidden = self.embed_tokens(tokens)
+        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        k_all, v_all = cache.k, cache.v
+        for i, layer in enumerate(self.layers):
+            hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_all[i], v_all[i]),
+                                               write_slots)
+            k_all, v_all = k_all.at[i].set(k_layer), v_all.at[i].set(v_layer)
+        return self.logits_from_hidden(self.norm(hidden)), KVCache(k_all, v_all, new_lengths)
+
+    def prefill(self, tokens, lengths, cache: KVCache):
+        """Resets every row to length 0 and writes tokens[b, :lengths[b]]."""
+        return self.extend(tokens, lengths, cache._replace(lengths=jnp.zeros_like(cache.lengths)))
+
+    def decode(self, tokens, cache: KVCache, active):
+        """One token per active row: tokens [B], active [B] bool -> (logits [B, V], cache)."""
+        logits, cache = self.extend(tokens[:, None], active.astype(jnp.int32), cache)
+        return logits[:, 0], cache
+
+    # --- output projection
+
+    def logits_from_hidden(self, hidden):
+        """[..., hidden] normalised states -> [..., V] float32 logits (tied or untied head)."""
+        if self.config.tie_word_embeddings:
+            head = self.embed_tokens.embedding[...].T  # [hidden, vocab]
+        else:
+            head = self.lm_head.kernel[...]
+        # float32 accumulation: log-probs for the RL ratio need it even under bfloat16 compute.
+        return jnp.einsum("...d,dv->...v", hidden, head.astype(hidden.dtype),
+                          preferred_element_type=jnp.float32)

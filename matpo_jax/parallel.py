@@ -1,0 +1,167 @@
+"""Device mesh, regex partition rules for the Qwen3 parameters, and multi-host start-up.
+
+The mesh has three axes: "data" (pure data parallelism), "fsdp" (data parallelism whose parameters
+and optimizer state are sharded too) and "tensor" (attention heads / MLP hidden units split across
+chips). The batch axis is sharded over ("data", "fsdp").
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# (regex searched in the '/'-joined parameter path, spec). First match wins; every parameter must
+# match one. Kernels are [in, out]: the model dimension goes on "fsdp", the heads / intermediate /
+# vocabulary dimension on "tensor" so each chip holds whole slices of the matmuls.
+PARTITION_RULES: list[tuple[str, P]] = [
+    (r"embed_tokens/embedding$", P("tensor", "fsdp")),  # [vocab, hidden]
+    (r"self_attn/(q|k|v)_proj/kernel$", P("fsdp", "tensor")),  # [hidden, heads * head_dim]
+    (r"self_attn/o_proj/kernel$", P("tensor", "fsdp")),  # [heads * head_dim, hidden]
+    (r"mlp/(gate|up)_proj/kernel$", P("fsdp", "tensor")),  # [hidden, intermediate]
+    (r"mlp/down_proj/kernel$", P("tensor", "fsdp")),  # [intermediate, hidden]
+    (r"lm_head/kernel$", P("fsdp", "tensor")),  # [hidden, vocab]
+    (r"norm/scale$", P()),  # every RMSNorm (layer, q/k, final): tiny, replicated
+]
+
+
+class UnmatchedParameterError(KeyError):
+    """A parameter path that no partition rule covers."""
+
+    def __str__(self):
+        return str(self.args[0])
+
+
+def make_mesh(shape: Mapping[str, int] | None = None, *, data: int = 1, fsdp: int = 1,
+              tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh, from a dict or keywords. One axis may be -1 to take
+    the remaining devices. Axes are Auto so the compiler propagates shardings through the model."""
+    sizes = dict(data=data, fsdp=fsdp, tensor=tensor)
+    if shape is not None:
+        unknown = set(shape) - set(MESH_AXES)
+        if unknown:
+            raise ValueError(f"unknown mesh axes {sorted(unknown)}; expected {MESH_AXES}")
+        sizes.update(shape)
+    devices = list(devices if devices is not None else jax.devices())
+    if list(sizes.values()).count(-1) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {sizes}")
+    fixed = int(np.prod([s for s in sizes.values() if s != -1]))
+    sizes = {k: (len(devices) // fixed if s == -1 else s) for k, s in sizes.items()}
+    total = int(np.prod(list(sizes.values())))
+    if total != len(devices):
+        raise ValueError(f"mesh {sizes} needs {total} devices but {len(devices)} are available")
+    return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
+                         axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def spec_for(path: str, rules: Sequence[tuple[str, P]] = PARTITION_RULES) -> P:
+    """The PartitionSpec of the first rule whose regex matches `path`."""
+    for pattern, spec in rules:
+        if re.search(pattern, path):
+            return spec
+    raise UnmatchedParameterError(f"no partition rule matches parameter '{path}'")
+
+
+def path_to_str(key_path) -> str:
+    """'/'-joined name of a key path into an nnx State, e.g. 'layers/0/mlp/up_proj/kernel'."""
+    parts = []
+    for key in key_path:
+        if isinstance(key, jax.tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            if key.name != "value":  # the array inside an nnx.Variable
+                parts.append(key.name)
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+    """Drops mesh axes from dimensions they do not divide evenly (e.g. an odd vocabulary size),
+    so any checkpoint loads; those dimensions are replicated instead."""
+    fitted = []
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+        fitted.append(axes if dim % size == 0 else None)
+    while fitted and fitted[-1] is None:  # P() and P(None) mean the same; keep the short form
+        fitted.pop()
+    return P(*fitted)
+
+
+def sharding_for(path: str, shape: Sequence[int], mesh: Mesh,
+                 rules: Sequence[tuple[str, P]] = PARTITION_RULES) -> NamedSharding:
+    """The rule sharding of one array. Scalars (e.g. an optimizer's step count) are replicated
+    without consulting the rules, so optimizer states shard with the same rules as parameters."""
+    if len(shape) == 0:
+        return NamedSharding(mesh, P())
+    return NamedSharding(mesh, fit_spec(spec_for(path, rules), shape, mesh))
+
+
+def param_shardings(state, mesh: Mesh, rules: Sequence[tuple[str, P]] | None = None):
+    """A tree shaped like `state` (an nnx.State or any pytree of arrays) holding NamedShardings."""
+    rules = PARTITION_RULES if rules is None else rules
+    return jax.tree_util.tree_map_with_path(
+        lambda key_path, leaf: sharding_for(path_to_str(key_path), np.shape(leaf), mesh, rules),
+        state)
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules: Sequence[tuple[str, P]] | None = None):
+    """Moves every parameter of `model` onto its rule sharding, in place; returns the model."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, param_shardings(state, mesh, rules)))
+    return model
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over data and fsdp; the rest replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def cache_shardings(cache, mesh: Mesh):
+    """Shardings for a KVCache (same NamedTuple type): k/v [layers, batch, max_len, kv_heads,
+    head_dim] split on batch and, like the k/v projections, on kv heads; lengths on batch."""
+    kv_spec = P(None, BATCH_AXES, None, "tensor", None)
+    return cache._replace(
+        k=NamedSharding(mesh, fit_spec(kv_spec, cache.k.shape, mesh)),
+        v=NamedSharding(mesh, fit_spec(kv_spec, cache.v.shape, mesh)),
+        lengths=NamedSharding(mesh, fit_spec(P(BATCH_AXES), cache.lengths.shape, mesh)))
+
+
+# Environment variables whose presence means this process is one of several hosts.
+_MULTI_HOST_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+
+
+def is_multi_host_env(env: Mapping[str, str] | None = None) -> bool:
+    """True on a multi-host launch: an explicit coordinator address, MATPO_DISTRIBUTED=1, a TPU
+    pod slice (several TPU_WORKER_HOSTNAMES), or SLURM with more than one task."""
+    env = os.environ if env is None else env
+    if env.get("MATPO_DISTRIBUTED", "").lower() in ("1", "true", "yes"):
+        return True
+    if any(env.get(name) for name in _MULTI_HOST_ENV):
+        return True
+    if len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]) > 1:
+        return True
+    return int(env.get("SLURM_NTASKS", "1") or 1) > 1
+
+
+def maybe_initialize_distributed(force: bool | None = None) -> bool:
+    """Calls jax.distributed.initialize() once, only on a multi-host launch (or when `force`).
+    Must run before anything touches jax devices. Returns whether it initialised."""
+    wanted = is_multi_host_env() if force is None else force
+    if not wanted or jax.distributed.is_initialized():
+        return False
+    jax.distributed.initialize()
+    logging.info("jax.distributed initialised: process %d of %d",
+                 jax.process_index(), jax.process_count())
+    return True

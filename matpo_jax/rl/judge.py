@@ -1,0 +1,167 @@
+"""LLM-as-judge answer grading over any OpenAI-compatible `/v1/chat/completions` endpoint.
+
+The reference MATPO release grades answers with a chat model and a SimpleQA-style prompt: the judge
+answers with one letter, A (correct), B (incorrect) or C (not attempted). This client is used from
+the reward stage, which grades a whole RL batch at once, so it offers `grade_many` with a bounded
+thread pool (a judge service is shared and rate limited), per-request timeouts, and retries with
+exponential backoff on transient failures (connection errors, timeouts, HTTP 429 and 5xx).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import re
+import threading
+import time
+from typing import Sequence
+
+import requests
+
+CORRECT, INCORRECT, NOT_ATTEMPTED = "A", "B", "C"
+GRADES = (CORRECT, INCORRECT, NOT_ATTEMPTED)
+
+GRADING_PROMPT = """\
+You grade answers to factual questions. Compare the PREDICTED answer with the GOLD answer and \
+choose one grade.
+
+A = CORRECT: the predicted answer contains the gold answer's meaning and nothing that contradicts \
+it. Differences in capitalisation, punctuation, word order, spelling variants, units written \
+differently, or extra detail that is consistent with the gold answer are fine. A number must match \
+the gold number to the precision the gold answer gives.
+B = INCORRECT: the predicted answer contradicts the gold answer, names a different entity or value, \
+or hedges between several candidates of which at least one is wrong.
+C = NOT_ATTEMPTED: the predicted answer is empty, says it does not know, or does not commit to any \
+answer, without contradicting the gold answer.
+
+Judge only the final answer, not the reasoning. Do not use your own knowledge to overrule the gold \
+answer.
+
+Question: {question}
+Gold answer: {gold}
+Predicted answer: {prediction}
+
+Reply with a single letter: A, B or C."""
+
+_GRADE_PATTERN = re.compile(r"\b([ABC])\b")
+
+
+class JudgeError(RuntimeError):
+    """The judge endpoint could not produce a grade (after retries), or replied with no grade."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeConfig:
+    base_url: str = "http://127.0.0.1:8000/v1"  # ends before /chat/completions
+    model: str = "gpt-4o-mini"
+    api_key_env: str = "OPENAI_API_KEY"  # read at request time; unset -> no Authorization header
+    timeout_s: float = 30.0
+    max_retries: int = 3  # extra attempts after the first one
+    backoff_s: float = 1.0  # first retry delay; doubles each retry
+    max_backoff_s: float = 30.0
+    max_concurrency: int = 8
+    max_tokens: int = 8
+    temperature: float = 0.0
+
+
+def parse_grade(text: str) -> str:
+    """First standalone A/B/C in the judge's reply."""
+    match = _GRADE_PATTERN.search(text.strip())
+    if match is None:
+        raise JudgeError(f"judge reply has no A/B/C grade: {text[:200]!r}")
+    return match.group(1)
+
+
+@dataclasses.dataclass
+class JudgeStats:
+    requests: int = 0
+    retries: int = 0
+    failures: int = 0  # grades that could not be obtained at all
+
+
+class LLMJudge:
+    """Grades (question, gold, prediction) triples with a chat model."""
+
+    def __init__(self, config: JudgeConfig = JudgeConfig(), session: requests.Session | None = None):
+        self.config = config
+        self._session = session or requests.Session()
+        self._lock = threading.Lock()
+        self.stats = JudgeStats()
+
+    @property
+    def url(self) -> str:
+        return self.config.base_url.rstrip("/") + "/chat/completions"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        api_key = os.environ.get(self.config.api_key_env)
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        return headers
+
+    def _count(self, field: str) -> None:
+        with self._lock:
+            setattr(self.stats, field, getattr(self.stats, field) + 1)
+
+    def _post_once(self, payload: dict) -> str:
+        self._count("requests")
+        response = self._session.post(
+            self.url, json=payload, headers=self._headers(), timeout=self.config.timeout_s
+        )
+        if response.status_code == 429 or response.status_code >= 500:
+            raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code != 200:  # 4xx other than 429: retrying will not help
+            raise JudgeError(f"judge endpoint {self.url} answered HTTP {response.status_code}: "
+                             f"{response.text[:200]}")
+        try:
+            return response.json()["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise JudgeError(f"malformed chat-completions reply: {response.text[:200]!r}") from err
+
+    def grade(self, question: str, gold: str, prediction: str) -> str:
+        """One of GRADES; raises JudgeError when every attempt failed."""
+        payload = {
+            "model": self.config.model,
+            "messages": [{"role": "user", "content": GRADING_PROMPT.format(
+                question=question, gold=gold, prediction=prediction)}],
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+        }
+        delay = self.config.backoff_s
+        last_error: Exception | None = None
+        for attempt in range(self.config.max_retries + 1):
+            if attempt:
+                self._count("retries")
+                time.sleep(min(delay, self.config.max_backoff_s))
+                delay *= 2
+            try:
+                return parse_grade(self._post_once(payload))
+            except (_Transient, requests.ConnectionError, requests.Timeout) as err:
+                last_error = err
+        raise JudgeError(f"judge endpoint {self.url} failed after "
+                         f"{self.config.max_retries + 1} attempts: {last_error}")
+
+    def is_correct(self, question: str, gold: str, prediction: str) -> bool:
+        return self.grade(question, gold, prediction) == CORRECT
+
+    def grade_many(self, items: Sequence[tuple[str, str, str]]) -> list[str | None]:
+        """Grades (question, gold, prediction) triples concurrently, at most max_concurrency in
+        flight. A triple whose grading failed gets None (counted in stats.failures), so one bad
+        request never loses the grades of a whole RL batch."""
+
+        def grade_or_none(item):
+            try:
+                return self.grade(*item)
+            except JudgeError:
+                self._count("failures")
+                return None
+
+        if not items:
+            return []
+        workers = max(1, min(self.config.max_concurrency, len(items)))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(grade_or_none, items))
+
+
+class _Transient(Exception):
+    """A failure worth retrying (rate limit, server error)."""

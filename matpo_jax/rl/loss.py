@@ -1,0 +1,208 @@
+"""The MATPO objective: per-token clipped surrogate, batch-exact aggregation, KL, entropy, metrics.
+
+Exactness under micro-batching and data parallelism: every aggregation mode is expressed as a
+per-token weight computed on the host over the WHOLE RL batch (`aggregation_weights`), so the loss
+is a plain weighted sum `sum(w * l)`. Summing that over any split of rows gives the same number, and
+so do its gradients. Metrics are carried as (sum, count) pairs and divided once at the end.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                     "seq-mean-token-sum-norm", "matpo")
+SEQ_DENOMINATORS = ("sequences", "planners")
+KL_TYPES = ("k1", "low_var_kl")
+ROLE_NAMES = ("planner", "worker")  # index = role id (trajectory.ROLE_IDS)
+LOG_RATIO_LIMIT = 20.0  # clip log(rho) before exp so a stale token cannot overflow
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    aggregation: str = "token-mean"
+    # seq-mean modes divide by the number of non-empty sequences (veRL) or, as the reference MATPO
+    # release does, by the number of planner rollouts.
+    seq_denominator: str = "sequences"
+    norm_constant: float | None = None  # seq-mean-token-sum-norm; None -> padded row length
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float = 3.0
+    kl_coef: float = 0.0  # > 0 needs batch.ref_logprobs
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    entropy_metrics: bool = True  # costs one more pass over the vocabulary
+
+    def __post_init__(self):
+        for field, value, allowed in (("aggregation", self.aggregation, AGGREGATION_MODES),
+                                      ("seq_denominator", self.seq_denominator, SEQ_DENOMINATORS),
+                                      ("kl_type", self.kl_type, KL_TYPES)):
+            if value not in allowed:
+                raise ValueError(f"LossConfig.{field}={value!r}, expected one of {allowed}")
+
+
+# ----------------------------------------------------------------------------- host: weights
+
+def aggregation_weights(masks: Sequence[np.ndarray], group_ids: Sequence[int],
+                        role_ids: Sequence[int], mode: str, *, seq_denominator: str = "sequences",
+                        norm_constant: float | None = None) -> list[np.ndarray]:
+    """Per-token weights, one float32 array per sequence, such that the batch loss is
+    sum_seq sum_t w[t] * l[t].
+
+    masks[s]: the sequence's loss mask; group_ids[s]: the planner rollout it belongs to (itself
+    for a planner); role_ids[s]: 0 planner/single, 1 worker.
+    """
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"aggregation mode {mode!r}, expected one of {AGGREGATION_MODES}")
+    if seq_denominator not in SEQ_DENOMINATORS:
+        raise ValueError(f"seq_denominator {seq_denominator!r}, expected one of {SEQ_DENOMINATORS}")
+    masks = [np.asarray(m, dtype=np.float64) for m in masks]
+    counts = np.array([m.sum() for m in masks])
+
+    def per_sequence(scale):  # mask times one factor per sequence
+        return [(m * s).astype(np.float32) for m, s in zip(masks, scale)]
+
+    if mode == "token-mean":
+        total = counts.sum()
+        return per_sequence(np.full(len(masks), 1.0 / total if total else 0.0))
+    if mode == "seq-mean-token-sum-norm":
+        if norm_constant is None:
+            raise ValueError("seq-mean-token-sum-norm needs norm_constant (the padded length)")
+        return per_sequence(np.full(len(masks), 1.0 / norm_constant))
+    if mode == "matpo":  # (1/G) sum_i (1/N_i) sum over tokens of planner i and its workers
+        group_tokens: dict[int, float] = {}
+        for g, c in zip(group_ids, counts):
+            group_tokens[g] = group_tokens.get(g, 0.0) + c
+        num_groups = len(group_tokens)
+        return per_sequence([1.0 / (num_groups * group_tokens[g]) if group_tokens[g] else 0.0
+                             for g in group_ids])
+    if seq_denominator == "sequences":
+        num_sequences = int((counts > 0).sum())
+    else:
+        num_sequences = sum(1 for r in role_ids if r == 0)
+    if num_sequences == 0:
+        return per_sequence(np.zeros(len(masks)))
+    if mode == "seq-mean-token-sum":
+        return per_sequence(np.full(len(masks), 1.0 / num_sequences))
+    # seq-mean-token-mean
+    return per_sequence([1.0 / (num_sequences * c) if c else 0.0 for c in counts])
+
+
+# ----------------------------------------------------------------------------- device: per token
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, segment_ids: jax.Array,
+                   with_entropy: bool = False):
+    """log p(tokens[t] | prefix) from logits[t-1] (next-token prediction), shape [B, T].
+
+    Position t is predictable only when t-1 lies in the same (non-padding) segment, so a packed
+    segment's first token is never scored from the previous segment's last logits; those
+    positions get log-prob 0 (and the packer never puts loss on them). Also returns the entropy of
+    the predicting distribution (zeros when with_entropy=False) and the predictable mask.
+    """
+    logits = logits.astype(jnp.float32)
+    prev_logits = logits[:, :-1]
+    log_norm = jax.nn.logsumexp(prev_logits, axis=-1)
+    target_logit = jnp.take_along_axis(prev_logits, tokens[:, 1:, None], axis=-1)[..., 0]
+    logp = target_logit - log_norm
+    if with_entropy:
+        probs = jax.nn.softmax(prev_logits, axis=-1)
+        entropy = log_norm - jnp.sum(probs * prev_logits, axis=-1)
+    else:
+        entropy = jnp.zeros_like(logp)
+    predictable = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
+    pad = ((0, 0), (1, 0))
+    return (jnp.pad(jnp.where(predictable, logp, 0.0), pad),
+            jnp.pad(jnp.where(predictable, entropy, 0.0), pad),
+            jnp.pad(predictable, pad))
+
+
+def clipped_surrogate(logp, old_logp, advantages, eps_low: float, eps_high: float,
+                      dual_clip: float | None):
+    """Per-token PPO loss with dual clip; returns (loss, clipped indicator)."""
+    rho = jnp.exp(jnp.clip(logp - old_logp, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    unclipped = -advantages * rho
+    clipped = -advantages * jnp.clip(rho, 1.0 - eps_low, 1.0 + eps_high)
+    loss = jnp.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    if dual_clip is not None:
+        # For A < 0 a huge rho would make the loss unbounded; cap it at -A*c.
+        capped = jnp.minimum(loss, -advantages * dual_clip)
+        is_clipped = is_clipped | ((advantages < 0) & (capped < loss))
+        loss = jnp.where(advantages < 0, capped, loss)
+    return loss, is_clipped
+
+
+def kl_penalty(logp, ref_logp, kind: str):
+    """Per-token KL estimate to a frozen reference policy."""
+    if kind == "k1":
+        return logp - ref_logp
+    log_ratio = jnp.clip(ref_logp - logp, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)  # k3, low variance
+
+
+# ----------------------------------------------------------------------------- objectives
+
+def _role_sums(role_ids, mask, named_values: dict) -> dict:
+    """Per-role sums of per-token values over the loss mask, plus the role's token count."""
+    sums = {}
+    for role_id, role in enumerate(ROLE_NAMES):
+        role_mask = mask * (role_ids == role_id)
+        sums[f"{role}/tokens"] = jnp.sum(role_mask)
+        for name, value in named_values.items():
+            sums[f"{role}/{name}"] = jnp.sum(role_mask * value)
+    return sums
+
+
+def policy_loss(logits, batch, config: LossConfig):
+    """RL objective of one (micro-)batch: (weighted loss sum, per-role metric sums)."""
+    need_entropy = config.entropy_coef > 0 or config.entropy_metrics
+    logp, entropy, _ = token_logprobs(logits, batch.tokens, batch.segment_ids, need_entropy)
+    if config.entropy_coef == 0:
+        entropy = jax.lax.stop_gradient(entropy)
+    mask = batch.loss_mask.astype(jnp.float32)
+    pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
+                                       config.eps_low, config.eps_high, config.dual_clip)
+    per_token = pg
+    values = {"pg_loss": pg, "clip_frac": is_clipped.astype(jnp.float32),
+              "advantage": batch.advantages}
+    if config.kl_coef > 0:
+        if batch.ref_logprobs is None:
+            raise ValueError("LossConfig.kl_coef > 0 needs batch.ref_logprobs")
+        kl = kl_penalty(logp, batch.ref_logprobs, config.kl_type)
+        per_token = per_token + config.kl_coef * kl
+        values["ref_kl"] = kl
+    if config.entropy_coef > 0:
+        per_token = per_token - config.entropy_coef * entropy
+    if need_entropy:
+        values["entropy"] = entropy
+    log_ratio = jax.lax.stop_gradient(logp - batch.old_logprobs)
+    values["approx_kl"] = jnp.exp(log_ratio) - 1.0 - log_ratio  # k3 of KL(old || current)
+    loss = jnp.sum(batch.loss_weights * mask * per_token)
+    metrics = _role_sums(batch.role_ids, mask, {k: jax.lax.stop_gradient(v)
+                                                for k, v in values.items()})
+    return loss, metrics
+
+
+def sft_loss(logits, batch, config: LossConfig | None = None):
+    """Supervised objective: cross-entropy on trainable tokens, weighted like the RL loss."""
+    logp, _, _ = token_logprobs(logits, batch.tokens, batch.segment_ids)
+    mask = batch.loss_mask.astype(jnp.float32)
+    loss = jnp.sum(batch.loss_weights * mask * -logp)
+    metrics = _role_sums(batch.role_ids, mask, {"nll": jax.lax.stop_gradient(-logp)})
+    return loss, metrics
+
+
+def finalize_metrics(sums: dict) -> dict:
+    """Turns accumulated per-role sums into means; token counts stay counts."""
+    out = {}
+    for key, value in sums.items():
+        role, name = key.split("/", 1)
+        if name == "tokens":
+            out[key] = value
+        else:
+            out[key] = value / jnp.maximum(sums[f"{role}/tokens"], 1.0)
+    return out

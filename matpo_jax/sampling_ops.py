@@ -1,0 +1,106 @@
+"""Next-token sampling math: temperature, top-k, top-p, greedy, and the recorded log-probability.
+
+Everything here is pure jnp on a [B, V] batch of float32 logits, so it fuses into the decode step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+
+
+class SamplingConfigError(ValueError):
+    """A sampling setting out of range; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen. Frozen and hashable: it is a static argument of the jitted loop.
+
+    temperature 0 or greedy=True picks the argmax (top_k/top_p are then ignored); top_k 0 and
+    top_p 1.0 switch those truncations off. max_turn_tokens caps the tokens of one assistant turn.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    max_turn_tokens: int = 256
+
+    def __post_init__(self):
+        if not self.temperature >= 0.0:
+            raise SamplingConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise SamplingConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise SamplingConfigError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.max_turn_tokens, int) or self.max_turn_tokens <= 0:
+            raise SamplingConfigError(
+                f"max_turn_tokens must be a positive integer, got {self.max_turn_tokens!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the distribution whose log-probs are recorded (1 for greedy)."""
+        return 1.0 if self.is_greedy else float(self.temperature)
+
+    def replace(self, **changes) -> "Sampling":
+        return dataclasses.replace(self, **changes)
+
+
+def truncate_top_k(logits: jax.Array, k: int) -> jax.Array:
+    """Keeps the k largest logits per row (ties at the k-th value are all kept), -inf elsewhere."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth_largest = jax.lax.top_k(logits, k)[0][..., -1:]
+    return jnp.where(logits < kth_largest, _NEG_INF, logits)
+
+
+def truncate_top_p(logits: jax.Array, p: float) -> jax.Array:
+    """Nucleus truncation: keeps the smallest set of most likely tokens whose mass reaches p.
+
+    A token is kept when the mass strictly before it (in descending order) is below p, so the
+    most likely token always survives.
+    """
+    if p >= 1.0:
+        return logits
+    descending = -jnp.sort(-logits, axis=-1)
+    probs = jax.nn.softmax(descending, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    num_kept = jnp.sum(mass_before < p, axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(descending, num_kept - 1, axis=-1)
+    return jnp.where(logits < threshold, _NEG_INF, logits)
+
+
+def row_keys(rng: jax.Array, step: jax.Array, batch: int) -> jax.Array:
+    """One key per row and step: fold_in(fold_in(rng, step), row), so a row's draws do not depend
+    on how many other rows share the batch."""
+    step_key = jax.random.fold_in(rng, step)
+    return jax.vmap(lambda row: jax.random.fold_in(step_key, row))(jnp.arange(batch))
+
+
+def sample_tokens(logits: jax.Array, keys: jax.Array, sampling: Sampling
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row from logits [B, V] with per-row keys [B].
+
+    Returns (tokens int32[B], logprobs float32[B]). The recorded log-prob is
+    log_softmax(logits / temperature)[token]: the temperature-scaled distribution BEFORE top-k/top-p
+    truncation (what the trainer recomputes from a plain forward pass; temperature 1 for greedy).
+    """
+    logits = logits.astype(jnp.float32)
+    scaled = logits / sampling.logprob_temperature
+    if sampling.is_greedy:
+        tokens = jnp.argmax(logits, axis=-1)
+    else:
+        truncated = truncate_top_p(truncate_top_k(scaled, sampling.top_k), sampling.top_p)
+        tokens = jax.vmap(jax.random.categorical)(keys, truncated)
+    tokens = tokens.astype(jnp.int32)
+    logprobs = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)
+    return tokens, logprobs[:, 0]

@@ -1,0 +1,110 @@
+"""Supervised warm start: cross-entropy on the trainable tokens of oracle demonstrations.
+
+It shares the RL phase's train step (objective "sft"), sharding and checkpointing. The data order is
+a pure function of (seed, step), so a resumed run consumes exactly the batches it would have.
+"""
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+
+from matpo_jax import checkpoint as ckpt_lib
+from matpo_jax import metrics as metrics_lib
+from matpo_jax.data import loader as loader_lib
+from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
+from matpo_jax.rl import packing
+from matpo_jax.rl import train_step as step_lib
+from matpo_jax.runtime import Runtime, numpy_rng, optimizer_config, step_config
+from matpo_jax.sft_data import demonstration_sequences, demonstrations
+from matpo_jax.world_assets import question_from_record
+
+log = logging.getLogger(__name__)
+
+
+def tool_text(toolbox, name: str, max_chars: int):
+    """A tool as the oracle calls it, returning the text a rollout would put in the context."""
+    def call(**arguments) -> str:
+        return toolbox.call(name, arguments).text[:max_chars]
+    return call
+
+
+def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
+    cfg = rt.cfg
+    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)["train"]
+    order = numpy_rng(int(cfg.train.seed), 7).permutation(len(source))[: int(cfg.sft.num_demos)]
+    questions = [question_from_record(loader_lib.decode_record(source[int(i)])) for i in order]
+    max_chars = int(cfg.tools.max_response_chars)
+    oracle = Oracle(tool_text(rt.toolbox, "search", max_chars),
+                    tool_text(rt.toolbox, "open", max_chars),
+                    role_prompts=default_prompts(int(cfg.rollout.report_max_chars)),
+                    imperfection=Imperfection(wasted_search=float(cfg.sft.wasted_search),
+                                              wrong_open=float(cfg.sft.wrong_open)),
+                    num_results=int(cfg.tools.num_results), seed=int(cfg.train.seed))
+    demos = demonstrations(oracle, questions, cfg.rollout.mode)
+    seqs = demonstration_sequences(rt.chat, demos, min(int(cfg.rl.pack_len),
+                                                       int(cfg.rollout.max_context)))
+    log.info("SFT data: %d demonstrations -> %d sequences", len(demos), len(seqs))
+    if not seqs:
+        raise RuntimeError("no SFT demonstration fits in rl.pack_len / rollout.max_context")
+    return seqs
+
+
+def _step_bins(bins: list[list[int]], step: int, rows: int, seed: int) -> list[list[int]]:
+    """The packed rows of one step: consecutive slices of a per-epoch permutation."""
+    per_epoch = max(1, len(bins) // rows)
+    epoch, index = divmod(step, per_epoch)
+    order = numpy_rng(seed, 11, epoch).permutation(len(bins))
+    return [bins[int(i)] for i in order[index * rows:(index + 1) * rows]]
+
+
+def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
+    """Trains `cfg.sft.steps` steps (resuming if checkpoints exist); returns (graphdef, TrainState)."""
+    cfg = rt.cfg
+    steps, rows, seed = int(cfg.sft.steps), int(cfg.sft.batch_size), int(cfg.train.seed)
+    tx = step_lib.make_optimizer(optimizer_config(cfg, "sft"))
+    scfg = step_config(cfg, "sft")
+    graphdef, state, shardings = step_lib.init_train_state(model, tx, rt.mesh, seed=seed)
+    checkpoints = ckpt_lib.Checkpointer(rt.path("checkpoints", "sft"),
+                                        save_every=int(cfg.train.checkpoint_every) or steps,
+                                        keep=int(cfg.train.keep_checkpoints),
+                                        async_save=bool(cfg.train.async_checkpointing))
+    restored = checkpoints.restore_latest(state.params, state.opt_state)
+    start = 0
+    if restored is not None:
+        start = restored.step
+        state = state.replace(params=restored.params, opt_state=restored.opt_state,
+                              step=jax.numpy.asarray(start, jax.numpy.int32))
+        log.info("SFT resumed at step %d", start)
+    if start >= steps:
+        checkpoints.close()
+        return graphdef, state
+
+    seqs = build_sft_sequences(rt)
+    max_len = int(cfg.rl.pack_len)
+    bins = packing.first_fit_decreasing([len(s) for s in seqs], max_len)
+    rows = min(rows, len(bins))
+    rows -= rows % scfg.row_multiple(rt.mesh) or 0
+    if rows < 1:
+        raise RuntimeError(f"SFT needs at least {scfg.row_multiple(rt.mesh)} packed rows")
+    step_fn = step_lib.make_train_step(graphdef, tx, scfg, rt.mesh, shardings)
+    with metrics_lib.Progress(steps, initial=start, desc="sft", keys=("sft/loss",)) as bar:
+        for step in range(start, steps):
+            chosen = _step_bins(bins, step, rows, seed)
+            chosen_seqs = [seqs[i] for b in chosen for i in b]
+            local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
+                     for k in range(len(chosen))]
+            batch = packing.layout_bins(chosen_seqs, local, rows, max_len, scfg.loss)
+            state, metrics = step_fn(state, batch)
+            if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:
+                record = {f"sft/{k}": float(np.asarray(v)) for k, v in metrics.items()}
+                record["sft/packing_efficiency"] = batch.efficiency()
+                writer.write(step + 1, record)
+                bar.update(record, steps=1)
+            else:
+                bar.update(steps=1)
+            checkpoints.save(step + 1, params=state.params, opt_state=state.opt_state,
+                             force=step + 1 == steps)
+    checkpoints.close()
+    return graphdef, state

@@ -1,0 +1,184 @@
+"""End to end: planner -> subagent -> worker -> search -> open -> final summary -> planner answer.
+
+A tiny model replays scripted dialogues (greedy), the engine runs the real local search server over
+HTTP, and every field of the trajectories is checked: contexts equal the scripted conversations
+token for token (so the incremental assembly equals ChatFormat.render), masks, log-probs (against a
+teacher-forced forward pass), links between planners and workers, and the metrics.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from matpo_jax.agents import prompts
+from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
+
+from conftest import ADA, PAIR, REPORT_MAX_CHARS, TURING
+
+
+def contains(haystack, needle) -> bool:
+    n = len(needle)
+    return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def assert_masks_and_logprobs(policy, rollout):
+    """Trainable tokens are exactly the sampled ones, and their log-probs are the model's."""
+    assert len(rollout.tokens) == len(rollout.trainable) == len(rollout.logprobs)
+    trainable = np.array(rollout.trainable)
+    logprobs = np.array(rollout.logprobs)
+    assert np.all(logprobs[~trainable] == 0.0)
+    assert np.all(logprobs[trainable] <= 0.0)
+    sampled = [t for t, m in zip(rollout.tokens, rollout.trainable) if m]
+    assert sampled == [t for text in rollout.assistant_texts for t in policy.chat.encode(text)]
+    model = nnx.merge(policy.graphdef, policy.state)
+    tokens = np.array(rollout.tokens)[None]
+    logits = model(tokens[:, :-1])[0]
+    teacher = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    positions = np.flatnonzero(trainable)
+    assert positions.min() > 0  # every sampled token follows a prompt
+    expected = teacher[positions - 1, tokens[0, positions]]
+    np.testing.assert_allclose(logprobs[positions], expected, atol=2e-3)
+
+
+@pytest.fixture(scope="module")
+def batch(rollout):
+    # 2 questions x G=2 = 4 planners and 6 workers through 3 slots: planners wait off-slot and
+    # are re-admitted; workers of different planners decode side by side.
+    return rollout([ADA.question, PAIR.question], group_size=2)
+
+
+def test_roles_links_and_indices(batch):
+    planners, workers = batch.by_role(PLANNER), batch.by_role(WORKER)
+    assert [r.rollout_id for r in batch.rollouts] == list(range(10))
+    assert [(p.query_index, p.sample_index) for p in planners] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r.rollout_id for r in planners] == [0, 1, 2, 3]
+    assert all(p.parent_id is None and p.report is None for p in planners)
+    assert [len(p.child_ids) for p in planners] == [1, 1, 2, 2]
+    for planner in planners:
+        for worker in batch.children(planner):
+            assert worker.role == WORKER and worker.parent_id == planner.rollout_id
+            assert (worker.query_index, worker.sample_index) == (planner.query_index,
+                                                                  planner.sample_index)
+            assert worker.child_ids == []
+    assert sorted(w.rollout_id for w in workers) == sorted(
+        c for p in planners for c in p.child_ids)
+
+
+def test_contexts_replay_the_scripts_token_for_token(policy, batch):
+    for rollout in batch.rollouts:
+        key = (f"planner:{[ADA, PAIR][rollout.query_index].question}" if rollout.role == PLANNER
+               else f"worker:{_subtask(rollout)}")
+        ids, trainable = policy.render(key)
+        assert rollout.tokens == ids, key
+        assert rollout.trainable == trainable, key
+
+
+def _subtask(worker):
+    for script in (ADA, PAIR):
+        for w in script.workers:
+            if w.summary in worker.assistant_texts[-1]:
+                return w.subtask
+    raise AssertionError(worker.assistant_texts)
+
+
+def test_masks_and_logprobs(policy, batch):
+    for rollout in batch.rollouts:
+        assert_masks_and_logprobs(policy, rollout)
+
+
+def test_worker_loop_search_open_summary(policy, batch):
+    ada_workers = batch.children(batch.rollouts[0])
+    assert len(ada_workers) == 1
+    worker = ada_workers[0]
+    script = ADA.workers[0]
+    assert [(c.name, c.arguments) for c in worker.tool_calls] == list(script.calls)
+    assert all(c.valid and not c.tool_failed and c.error is None for c in worker.tool_calls)
+    assert [c.turn for c in worker.tool_calls] == [0, 1]
+    assert worker.num_turns == 4  # search, open, answer, final summary
+    assert worker.finish_reason == "answer"
+    assert worker.assistant_texts[2].startswith(script.answer)
+    # The worker's context: recap as its user message, real search/open results, the summary
+    # instruction, all non-trainable.
+    chat = policy.chat
+    recap = prompts.worker_recap(ADA.question, script.subtask)
+    assert chat.decode(worker.tokens).count(recap) == 1
+    text = chat.decode(worker.tokens)
+    assert "Ada Lovelace was born in London." in text  # from the server's page d1
+    summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION)
+    assert contains(worker.tokens, summary_ids)
+    start = next(i for i in range(len(worker.tokens)) if worker.tokens[i:i + len(summary_ids)]
+                 == summary_ids)
+    assert not any(worker.trainable[start:start + len(summary_ids)])
+    # The report: think text removed, capped.
+    assert worker.report == prompts.clean_report(script.summary, REPORT_MAX_CHARS)
+    assert worker.report == "Ada Lovelace was born in London. Source: d1."
+
+
+def test_planner_receives_the_cleaned_report(policy, batch):
+    chat = policy.chat
+    for planner in batch.by_role(PLANNER):
+        workers = batch.children(planner)
+        block = chat.tool_response_ids([w.report for w in workers])
+        assert contains(planner.tokens, block)
+        start = next(i for i in range(len(planner.tokens))
+                     if planner.tokens[i:i + len(block)] == block)
+        assert not any(planner.trainable[start:start + len(block)])
+        assert "<think>" not in chat.decode(planner.tokens)
+        assert planner.finish_reason == "answer"
+        assert all(c.name == "subagent" and c.valid for c in planner.tool_calls)
+    answers = [p.assistant_texts[-1] for p in batch.by_role(PLANNER)]
+    assert [a.startswith(s.answer) for a, s in zip(answers, [ADA, ADA, PAIR, PAIR])] == [True] * 4
+
+
+def test_metrics(batch):
+    m = batch.metrics
+    assert m["num_top_level"] == 4 and m["num_workers"] == 6
+    assert m["worker_calls_per_planner"] == 1.5
+    assert m["planner/tool_calls_per_rollout"] == 1.0
+    assert m["worker/tool_calls_per_rollout"] == pytest.approx((2 + 1 + 1) * 2 / 6)
+    assert m["planner/finish/answer"] == 4 and m["worker/finish/answer"] == 6
+    assert m["malformed_tool_calls"] == 0 and m["tool_failures"] == 0 and m["errors"] == 0
+    sampled = sum(r.num_trainable for r in batch.rollouts)
+    assert m["sampled_tokens"] == sampled
+    assert 0.0 < m["slot_utilisation"] <= 1.0
+    assert m["slot_utilisation"] == pytest.approx(sampled / (3 * m["decode_steps"]))
+    assert m["wall_time_s"] > 0 and m["rollouts_per_s"] > 0
+    # Planners that waited for workers were re-prefilled: admissions wrote more than the prompts.
+    prompts_total = sum(next(i for i, t in enumerate(r.trainable) if t) for r in batch.rollouts)
+    assert m["prefill_tokens"] > prompts_total
+
+
+def test_single_agent_mode(policy, rollout):
+    batch = rollout([TURING.question], mode="single")
+    (agent,) = batch.rollouts
+    assert agent.role == SINGLE and agent.parent_id is None and agent.child_ids == []
+    ids, trainable = policy.render(f"single:{TURING.question}")
+    assert agent.tokens == ids and agent.trainable == trainable
+    assert [(c.name, c.arguments) for c in agent.tool_calls] == list(TURING.calls)
+    assert agent.finish_reason == "answer" and agent.report is None
+    assert_masks_and_logprobs(policy, agent)
+    assert "worker_calls_per_planner" not in batch.metrics
+    assert batch.metrics["single/tool_calls_per_rollout"] == 2.0
+
+
+def test_recap_off_gives_the_worker_the_subtask_alone(policy, rollout):
+    batch = rollout([ADA.question], user_query_recap=False)
+    worker = batch.by_role(WORKER)[0]
+    chat = policy.chat
+    conversation = policy.conversations[f"worker:{ADA.workers[0].subtask}"]
+    prompt = chat.prompt_ids([conversation[0],
+                              {"role": "user", "content": ADA.workers[0].subtask}])
+    assert worker.tokens[:len(prompt)] == prompt
+    assert "The main task is" not in chat.decode(worker.tokens)
+
+
+def test_final_summary_off_reports_the_last_answer(policy, rollout):
+    batch = rollout([ADA.question], final_summary=False)
+    worker = batch.by_role(WORKER)[0]
+    assert worker.num_turns == 3  # search, open, answer: no summary turn
+    assert prompts.FINAL_SUMMARY_INSTRUCTION not in policy.chat.decode(worker.tokens)
+    assert worker.report == prompts.clean_report(ADA.workers[0].answer, REPORT_MAX_CHARS)
+    planner = batch.by_role(PLANNER)[0]
+    assert contains(planner.tokens, policy.chat.tool_response_ids([worker.report]))
