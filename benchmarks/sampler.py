@@ -39,8 +39,8 @@ SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family
 GREEDY = Sampling(greedy=True)
 
 
-def best_time(fn, repeats):
-    fn()  # warm-up: compilation, allocator, caches
+def best_time(fn, repeats, warm_up=None):
+    (warm_up or fn)()  # compilation, allocator, caches
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -86,7 +86,7 @@ def hf_generate(hf_model, prompts, new_tokens):
     input_ids = torch.as_tensor(prompts)
     attention_mask = torch.ones_like(input_ids)
 
-    def run():
+    def run(new_tokens=new_tokens):
         with torch.no_grad():
             out = hf_model.generate(input_ids, attention_mask=attention_mask, do_sample=False,
                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens,
@@ -156,7 +156,8 @@ def main():
             prompts = rng.integers(0, fields["vocab_size"], (batch, prompt_len)).astype(np.int32)
             logit_diff = same_weights_check(hf_model, ours, prompts[:1])
             ours_s = best_time(ours_generate(ours, prompts, new_tokens), repeats)
-            hf_s = best_time(hf_generate(hf_model, prompts, new_tokens), repeats)
+            hf_run = hf_generate(hf_model, prompts, new_tokens)
+            hf_s = best_time(hf_run, repeats, warm_up=lambda: hf_run(new_tokens=2))
             row = dict(size=size, params=params, batch=batch, prompt_len=prompt_len,
                        new_tokens=new_tokens, ours_s=ours_s, hf_s=hf_s,
                        ours_tok_s=batch * new_tokens / ours_s, hf_tok_s=batch * new_tokens / hf_s,

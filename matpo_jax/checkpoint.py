@@ -49,7 +49,8 @@ def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
 
 
 class Checkpointer:
-    """Saves every `save_every` steps, keeps the newest `keep`, restores the newest.
+    """Saves every `save_every` steps (0: only forced saves, e.g. the last step), keeps the newest
+    `keep`, restores the newest.
 
     With `async_save`, `save` returns once the arrays are copied off the devices and the files are
     written in the background while training goes on; call `wait_until_finished()` (or `close()`)
@@ -58,6 +59,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | epath.PathLike, *, save_every: int = 1, keep: int = 3,
                  async_save: bool = True):
+        self.save_every = save_every
         self.directory = epath.Path(directory)
         if not str(self.directory).startswith(("gs://", "s3://")):
             self.directory = self.directory.absolute()  # Orbax refuses relative paths
@@ -71,7 +73,7 @@ class Checkpointer:
 
     # --------------------------------------------------------------------------------- saving
     def should_save(self, step: int) -> bool:
-        return self._manager.should_save(step)
+        return self.save_every > 0 and self._manager.should_save(step)
 
     def save(self, step: int, *, params: PyTree, opt_state: PyTree, rng: jax.Array | None = None,
              data_state: Any = None, metadata: dict | None = None, force: bool = False) -> bool:

@@ -14,6 +14,7 @@ import difflib
 import importlib.util
 import json
 import math
+import operator
 import re
 import sys
 from pathlib import Path
@@ -96,6 +97,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.shuffle_seed = 0
     c.data.world_seed = 0  # synthetic world: which world to generate
     c.data.noise = 0.3  # synthetic world: share of distractor sentences/near-duplicates per page
+    c.data.num_entities = 300  # synthetic world size (entities; pages follow)
+    c.data.num_questions = 4000  # synthetic questions over all splits and hop counts
+    c.data.max_hops = 4  # synthetic questions have 1..max_hops hops
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.mode = "matpo"  # matpo: planner + workers; single: one agent with the tools
@@ -112,7 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.report_max_chars = 1000  # worker report handed to the planner is cut here
     c.rollout.final_summary = True  # give a stopped worker one no-tools turn to write its report
     c.rollout.final_summary_max_tokens = 256
-    c.rollout.user_query_recap = True  # the worker sees the planner's question, not only the subtask
+    c.rollout.user_query_recap = True  # the worker also sees the planner's question
     c.rollout.malformed_tool_call = "error_message"  # or end_rollout (the reference behaviour)
 
     c.tools = ml_collections.ConfigDict()
@@ -164,6 +168,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.lr = 1e-3
     c.sft.batch_size = 8  # packed rows per step
     c.sft.num_demos = 512
+    c.sft.wasted_search = 0.1  # oracle detours per hop: an off-target search first
+    c.sft.wrong_open = 0.1  # oracle detours per hop: open a wrong result first
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100  # RL steps
@@ -195,10 +201,10 @@ class Interval:
     def violation(self, value: float) -> str | None:
         if isinstance(value, float) and math.isnan(value):
             return "must be a number, got nan"
-        for bound, ok, op in ((self.ge, lambda b: value >= b, ">="), (self.gt, lambda b: value > b, ">"),
-                              (self.le, lambda b: value <= b, "<="), (self.lt, lambda b: value < b, "<")):
-            if bound is not None and not ok(bound):
-                return f"must be {op} {bound:g}"
+        for bound, holds, symbol in ((self.ge, operator.ge, ">="), (self.gt, operator.gt, ">"),
+                                     (self.le, operator.le, "<="), (self.lt, operator.lt, "<")):
+            if bound is not None and not holds(value, bound):
+                return f"must be {symbol} {bound:g}"
         return None
 
 
@@ -450,7 +456,7 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 
 
 def apply_overrides(cfg: ml_collections.ConfigDict, overrides: str | Mapping[str, Any] | None):
-    """Sets dotted fields, e.g. "rollout.mode=single,rl.lr=3e-4"; strings are typed like the field."""
+    """Sets dotted fields ("rollout.mode=single,rl.lr=3e-4"); strings are typed like the field."""
     if isinstance(overrides, str) or overrides is None:
         pairs = [item.partition("=") for item in (overrides or "").split(",") if item.strip()]
         overrides = {key.strip(): value.strip() for key, _, value in pairs}
@@ -505,11 +511,15 @@ def save_config(cfg: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     return path
 
 
-def define_flags(config_flag: str = "config", flag_values: flags.FlagValues = flags.FLAGS):
-    """Defines --config (a config file, overridable per field) and --workdir; returns the holders."""
+def define_flags(config_flag: str = "config", flag_values: flags.FlagValues = flags.FLAGS,
+                 sys_argv: list[str] | None = None):
+    """Defines --config (a config file, overridable per field) and --workdir; returns the holders.
+
+    ml_collections finds the --config.a.b overrides in `sys_argv` (default: sys.argv at parse
+    time), not in the argv handed to the parser; tests pass the same list to both."""
     config = config_flags.DEFINE_config_file(
         config_flag, None, "Experiment config file, e.g. configs/base.py[:arg].",
-        flag_values=flag_values, lock_config=True)
+        flag_values=flag_values, lock_config=True, sys_argv=sys_argv)
     workdir = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, plots.",
                                   flag_values=flag_values)
     return config, workdir

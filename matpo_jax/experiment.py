@@ -17,7 +17,7 @@ from matpo_jax import metrics as metrics_lib
 from matpo_jax import plots
 from matpo_jax.agents.search_server import SearchServer
 from matpo_jax.evaluate import evaluate
-from matpo_jax.rl_loop import make_judge, model_state, run_rl
+from matpo_jax.rl_loop import latest_rl_step, make_judge, model_state, run_rl
 from matpo_jax.runtime import Runtime, build_model, make_mesh, make_toolbox
 from matpo_jax.sft import run_sft
 from matpo_jax.world_assets import prepare_world
@@ -50,7 +50,8 @@ def run_experiment(cfg, workdir: str) -> dict:
             graphdef, sft_state = run_sft(rt, model, sft_writer)
         eval_fn = lambda g, s, tag: evaluate(rt, g, s, tag=tag)  # noqa: E731
         sft_eval = _cached_eval(rt, "sft", lambda: eval_fn(graphdef, model_state(sft_state), "sft"))
-        with metrics_lib.MetricsWriter(workdir, enabled=primary) as writer:
+        resume_step = latest_rl_step(rt)
+        with metrics_lib.MetricsWriter(workdir, enabled=primary, resume_step=resume_step) as writer:
             writer.write(0, sft_eval)
             state = run_rl(rt, graphdef, sft_state.params, sft_state.frozen, writer, eval_fn)
             final_eval = _cached_eval(rt, "final",

@@ -6,6 +6,7 @@ restarted from any checkpoint reproduces the uninterrupted run exactly.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -25,6 +26,21 @@ from matpo_jax.rl.judge import JudgeConfig, LLMJudge
 from matpo_jax.runtime import Runtime, optimizer_config, rng_for, rollout_config, step_config
 
 log = logging.getLogger(__name__)
+CONSUMED_FILE = "consumed.jsonl"
+
+
+def rl_checkpointer(rt: Runtime) -> ckpt_lib.Checkpointer:
+    cfg = rt.cfg
+    return ckpt_lib.Checkpointer(rt.path("checkpoints", "rl"),
+                                 save_every=int(cfg.train.checkpoint_every) or int(cfg.train.steps),
+                                 keep=int(cfg.train.keep_checkpoints),
+                                 async_save=bool(cfg.train.async_checkpointing))
+
+
+def latest_rl_step(rt: Runtime) -> int | None:
+    """The step a re-run will resume RL from (None: RL has not saved yet)."""
+    with rl_checkpointer(rt) as checkpoints:
+        return checkpoints.latest_step()
 
 
 def reward_config(cfg) -> rewards_lib.RewardConfig:
@@ -83,10 +99,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
     scfg = step_config(cfg, "rl")
     model = nnx.merge(graphdef, params, frozen)
     graphdef, state, shardings = step_lib.init_train_state(model, tx, rt.mesh, seed=seed)
-    checkpoints = ckpt_lib.Checkpointer(rt.path("checkpoints", "rl"),
-                                        save_every=int(cfg.train.checkpoint_every) or steps,
-                                        keep=int(cfg.train.keep_checkpoints),
-                                        async_save=bool(cfg.train.async_checkpointing))
+    checkpoints = rl_checkpointer(rt)
     loader = loader_lib.make_loader("train", int(cfg.data.batch_size), int(cfg.data.shuffle_seed),
                                     config=rt.assets.config, data_dir=rt.assets.data_dir)
     questions_iter = iter(loader)
@@ -101,8 +114,10 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
     step_fn = step_lib.make_train_step(graphdef, tx, scfg, rt.mesh, shardings)
     rcfg = rollout_config(cfg)
     eval_every = int(cfg.train.eval_every)
-    with metrics_lib.Progress(steps, initial=start, desc=f"rl[{cfg.rollout.mode}]",
-                              keys=("reward_mean", "accuracy", "loss")) as bar:
+    # Which questions each step trained on: a resumed run must consume the same stream.
+    consumed = open(rt.path(CONSUMED_FILE), "a", encoding="utf-8")
+    with consumed, metrics_lib.Progress(steps, initial=start, desc=f"rl[{cfg.rollout.mode}]",
+                                        keys=("reward/mean", "reward/accuracy", "loss")) as bar:
         for step in range(start, steps):
             t0 = time.perf_counter()
             batch_q = next(questions_iter)
@@ -121,6 +136,8 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
                     and step + 1 < steps:
                 metrics.update(evaluate_fn(graphdef, model_state(state), tag=f"step{step + 1}"))
             writer.write(step + 1, metrics)
+            consumed.write(json.dumps({"step": step + 1, "ids": list(batch_q["id"])}) + "\n")
+            consumed.flush()
             bar.update(metrics)
             checkpoints.save(step + 1, params=state.params, opt_state=state.opt_state,
                              data_state=questions_iter.get_state(), force=step + 1 == steps)

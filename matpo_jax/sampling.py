@@ -187,16 +187,15 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
     padded = np.zeros((slots, max_len), np.int32)
     padded[:, :tokens.shape[1]] = tokens
     start = np.where(reset, 0, events.cache_len)
-    for slot in range(slots):
-        if not 0 <= num[slot] <= tokens.shape[1]:
-            raise SlotProtocolError(f"SlotInjection.num[{slot}]={num[slot]} is outside "
-                                    f"[0, {tokens.shape[1]}] (the width of tokens)")
-        if start[slot] + num[slot] > max_len:
-            raise SlotProtocolError(
-                f"SlotInjection.num[{slot}]={num[slot]} overflows slot {slot}: it holds "
-                f"{start[slot]} tokens and the cache has max_len={max_len}")
-        if active[slot] and start[slot] + num[slot] == 0:
-            raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
+    for slot in np.flatnonzero((num < 0) | (num > tokens.shape[1]))[:1]:
+        raise SlotProtocolError(f"SlotInjection.num[{slot}]={num[slot]} is outside "
+                                f"[0, {tokens.shape[1]}] (the width of tokens)")
+    for slot in np.flatnonzero(start + num > max_len)[:1]:
+        raise SlotProtocolError(
+            f"SlotInjection.num[{slot}]={num[slot]} overflows slot {slot}: it holds "
+            f"{start[slot]} tokens and the cache has max_len={max_len}")
+    for slot in np.flatnonzero(active & (start + num == 0))[:1]:
+        raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
     return padded, num, reset, active, np.bool_(injection.done)
 
 
@@ -221,22 +220,26 @@ class _LoopState(NamedTuple):
 def _inject(model, cache: KVCache, logits, tokens, num, buckets):
     """Appends tokens[b, :num[b]] with the smallest static bucket that fits max(num).
 
-    Branch 0 skips the model entirely (nothing to write). An injected row's next-token logits are
-    the extend logits at index num-1.
+    Nothing runs when num is all 0. An injected row's next-token logits are the extend logits at
+    index num-1. The bucket is picked by one `lax.cond` per bucket (at most one is taken) rather
+    than a `lax.switch`: XLA updates the cache in place through a conditional whose other branch is
+    the identity, but copies the whole cache in and out of a switch whose several branches write it.
     """
 
     def write(width):
-        def branch(cache, logits):
+        def extend(cache, logits):
             extend_logits, cache = model.extend(tokens[:, :width], num, cache)
             last = jnp.clip(num - 1, 0, width - 1)
             new = jnp.take_along_axis(extend_logits, last[:, None, None], axis=1)[:, 0]
             return cache, jnp.where((num > 0)[:, None], new, logits)
-        return branch
+        return extend
 
     longest = jnp.max(num)
-    index = jnp.where(longest == 0, 0, 1 + jnp.sum(jnp.asarray(buckets) < longest))
-    branches = [lambda cache, logits: (cache, logits)] + [write(w) for w in buckets]
-    return jax.lax.switch(index, branches, cache, logits)
+    chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
+    for index, width in enumerate(buckets):
+        cache, logits = jax.lax.cond(chosen == index, write(width), lambda c, l: (c, l),
+                                     cache, logits)
+    return cache, logits
 
 
 def _stop_reasons(tokens, stop_table):

@@ -53,6 +53,7 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
 
 def _step_bins(bins: list[list[int]], step: int, rows: int, seed: int) -> list[list[int]]:
     """The packed rows of one step: consecutive slices of a per-epoch permutation."""
+    rows = min(rows, len(bins))
     per_epoch = max(1, len(bins) // rows)
     epoch, index = divmod(step, per_epoch)
     order = numpy_rng(seed, 11, epoch).permutation(len(bins))
@@ -84,10 +85,8 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
     seqs = build_sft_sequences(rt)
     max_len = int(cfg.rl.pack_len)
     bins = packing.first_fit_decreasing([len(s) for s in seqs], max_len)
-    rows = min(rows, len(bins))
-    rows -= rows % scfg.row_multiple(rt.mesh) or 0
-    if rows < 1:
-        raise RuntimeError(f"SFT needs at least {scfg.row_multiple(rt.mesh)} packed rows")
+    # Whole rows per data-parallel device; rows beyond the data are left as padding.
+    rows = packing.round_up(min(rows, len(bins)), scfg.row_multiple(rt.mesh))
     step_fn = step_lib.make_train_step(graphdef, tx, scfg, rt.mesh, shardings)
     with metrics_lib.Progress(steps, initial=start, desc="sft", keys=("sft/loss",)) as bar:
         for step in range(start, steps):
@@ -95,7 +94,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
             chosen_seqs = [seqs[i] for b in chosen for i in b]
             local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
                      for k in range(len(chosen))]
-            batch = packing.layout_bins(chosen_seqs, local, rows, max_len, scfg.loss)
+            batch = packing._layout(chosen_seqs, local, rows, max_len, scfg.loss)
             state, metrics = step_fn(state, batch)
             if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:
                 record = {f"sft/{k}": float(np.asarray(v)) for k, v in metrics.items()}

@@ -70,7 +70,8 @@ QWEN3_STYLE_CHAT_TEMPLATE = (
     "{%- set fn = call.function if call.function is defined else call -%}"
     "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
     "{{- '<tool_call>\\n{\"name\": \"' + fn.name + '\", \"arguments\": ' -}}"
-    "{%- if fn.arguments is string -%}{{- fn.arguments -}}{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
+    "{%- if fn.arguments is string -%}{{- fn.arguments -}}"
+    "{%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}"
     "{{- '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
@@ -103,13 +104,15 @@ class ChatFormat:
         self.im_start_id = self._single_token_id(IM_START)
         self.im_end_id = self._single_token_id(IM_END)
         self.tool_call_end_id = self._single_token_id(TOOL_CALL_CLOSE)
+        self.endoftext_id = self._single_token_id(ENDOFTEXT)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_id = int(eos) if eos is not None else self.im_end_id
         pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = int(pad) if pad is not None else self._single_token_id(ENDOFTEXT)
-        # Everything that ends an assistant turn's sampling (tool calls end with </tool_call><|im_end|>;
-        # a sampler may also stop early at tool_call_end_id, then pass closed=False below).
-        self.stop_ids = tuple(sorted({self.eos_id, self.im_end_id}))
+        self.pad_id = int(pad) if pad is not None else self.endoftext_id
+        # Tokens that end an assistant turn's sampling (as Qwen3's generation config: <|im_end|> and
+        # <|endoftext|>). A tool-call turn then reads `...</tool_call><|im_end|>`; a sampler that
+        # also stops at tool_call_end_id passes closed=False to the pieces below.
+        self.stop_ids = tuple(sorted({self.eos_id, self.im_end_id, self.endoftext_id}))
 
     @classmethod
     def from_pretrained(cls, path) -> "ChatFormat":
@@ -198,12 +201,14 @@ class ChatFormat:
         """Non-trainable block after a sampled tool-call turn: end of that turn, a user turn with one
         `<tool_response>` per result, and the next assistant header."""
         texts = [text] if isinstance(text, str) else list(text)
-        return self.turn_end_ids(closed) + self._ids_of(self._tool_block(texts)) + self.assistant_header_ids()
+        block = self._ids_of(self._tool_block(texts))
+        return self.turn_end_ids(closed) + block + self.assistant_header_ids()
 
     def user_turn_ids(self, text: str, closed: bool = True) -> list[int]:
         """Non-trainable block after a sampled turn: end of that turn, a user turn (e.g. the
         final-summary instruction), and the next assistant header."""
-        return self.turn_end_ids(closed) + self._ids_of(self._plain_turn("user", text)) + self.assistant_header_ids()
+        turn = self._ids_of(self._plain_turn("user", text))
+        return self.turn_end_ids(closed) + turn + self.assistant_header_ids()
 
     # ----------------------------------------------------------------- internals
     def _ids_of(self, pieces: Sequence[_Piece]) -> list[int]:
@@ -280,7 +285,9 @@ def _check_message(index: int, message: Mapping[str, Any]) -> dict:
     if content is None and role == "assistant" and message.get("tool_calls"):
         content = ""
     if not isinstance(content, str):
-        raise ChatFormatError(f"messages[{index}].content must be a string, got {type(content).__name__}")
+        raise ChatFormatError(
+            f"messages[{index}].content must be a string, got {type(content).__name__}"
+        )
     return {**message, "content": content}
 
 
@@ -292,7 +299,8 @@ def _assistant_text(message: Mapping[str, Any]) -> str:
         args = fn.get("arguments", {})
         args_json = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
         sep = "\n" if (text and n == 0) or n > 0 else ""
-        text += f'{sep}{TOOL_CALL_OPEN}\n{{"name": "{fn["name"]}", "arguments": {args_json}}}\n{TOOL_CALL_CLOSE}'
+        body = f'{{"name": "{fn["name"]}", "arguments": {args_json}}}'
+        text += f"{sep}{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
     return text
 
 
@@ -356,8 +364,9 @@ def parse_tool_call(text: str, tools: Sequence[Mapping[str, Any]]) -> ToolCall:
     name, arguments = call.get("name"), call.get("arguments")
     if not isinstance(name, str):
         raise MalformedToolCall("tool call has no string 'name'")
-    if set(call) - {"name", "arguments"}:
-        raise MalformedToolCall(f"unexpected keys in tool call: {sorted(set(call) - {'name', 'arguments'})}")
+    unexpected = sorted(set(call) - {"name", "arguments"})
+    if unexpected:
+        raise MalformedToolCall(f"unexpected keys in tool call: {unexpected}")
     by_name = {tool_name(t): t for t in tools}
     if name not in by_name:
         raise MalformedToolCall(f"unknown tool {name!r}; available: {sorted(by_name)}")
@@ -395,7 +404,9 @@ def check_arguments(name: str, arguments: Mapping[str, Any], parameters: Mapping
         types = spec.get("type")
         types = [types] if isinstance(types, str) else (types or [])
         if types and not any(_JSON_TYPES[t](value) for t in types if t in _JSON_TYPES):
-            raise MalformedToolCall(f"{name}: argument {key!r} must be {'/'.join(types)}, got {_json_type(value)}")
+            raise MalformedToolCall(
+                f"{name}: argument {key!r} must be {'/'.join(types)}, got {_json_type(value)}"
+            )
         if "enum" in spec and value not in spec["enum"]:
             raise MalformedToolCall(f"{name}: argument {key!r} must be one of {spec['enum']}")
         if "minimum" in spec and isinstance(value, (int, float)) and value < spec["minimum"]:

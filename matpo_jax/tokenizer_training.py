@@ -19,7 +19,9 @@ IM_END = "<|im_end|>"
 # Control tokens: never produced by ordinary text, hidden by decode(skip_special_tokens=True).
 CONTROL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 # Markup tags: single tokens, but ordinary text from the model's point of view (as in Qwen3).
-TAG_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+TAG_TOKENS = (
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"
+)
 QWEN3_SPECIAL_TOKENS = CONTROL_TOKENS + TAG_TOKENS
 
 # Pre-split text the way GPT-4/Qwen-style tokenizers do (contractions, words with one leading
@@ -51,7 +53,9 @@ def train_tokenizer(
     """
     min_size = 256 + len(QWEN3_SPECIAL_TOKENS)
     if vocab_size < min_size:
-        raise TokenizerTrainingError(f"vocab_size={vocab_size} must be >= {min_size} (bytes + special tokens)")
+        raise TokenizerTrainingError(
+            f"vocab_size={vocab_size} must be >= {min_size} (bytes + special tokens)"
+        )
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.Sequence(

@@ -10,9 +10,6 @@ killed at any point ends with the same parameters as one that never stopped.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import time
 
 from absl import app, flags, logging
 
@@ -20,12 +17,15 @@ from matpo_jax import config as config_lib
 
 _CONFIG, _WORKDIR = config_lib.define_flags()
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pods).")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Keep third-party INFO logs (Orbax, TFDS...).")
 
 
 def main(argv):
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    from matpo_jax import logs
+    logs.configure(verbose=_VERBOSE.value)
     from matpo_jax import parallel
     if _MULTIHOST.value:
         parallel.maybe_initialize_distributed(force=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 
+from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
-from matpo_jax.tokenizer import strip_think
+from matpo_jax.tokenizer import ChatFormat, strip_think
 from matpo_jax.tokenizer_training import CONTROL_TOKENS
 
 PLANNER_ROLE = (
@@ -25,6 +26,12 @@ SINGLE_ROLE = (
     "one call per turn, then answer."
 )
 ROLE_TEXT = {PLANNER: PLANNER_ROLE, WORKER: WORKER_ROLE, SINGLE: SINGLE_ROLE}
+# Workers cannot spawn workers; the single agent gets the workers' tools directly.
+ROLE_TOOLS = {
+    PLANNER: [SUBAGENT_SCHEMA],
+    WORKER: [SEARCH_SCHEMA, OPEN_SCHEMA],
+    SINGLE: [SEARCH_SCHEMA, OPEN_SCHEMA],
+}
 
 QUESTION_INSTRUCTION = "Give the final answer inside \\boxed{}."
 
@@ -34,6 +41,14 @@ FINAL_SUMMARY_INSTRUCTION = (
 )
 
 EMPTY_REPORT = "(the worker returned no report)"
+
+
+def system_prompt(role: str) -> str:
+    """Full system-message text of a role: role text + its tool schemas (Qwen3 `# Tools` section).
+    Scripted demonstrations and rollouts both use this, so SFT and RL see the same prompt."""
+    if role not in ROLE_TEXT:
+        raise ValueError(f"role={role!r}; expected one of {sorted(ROLE_TEXT)}")
+    return ChatFormat.system_prompt(ROLE_TEXT[role], ROLE_TOOLS[role])
 
 
 def question_prompt(question: str) -> str:

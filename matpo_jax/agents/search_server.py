@@ -76,7 +76,8 @@ class SearchIndex:
         self.by_id = {d.id: d for d in docs}
         self._tokenizer = bm25s.tokenization.Tokenizer(stopwords="en")
         corpus_ids = self._tokenizer.tokenize(
-            [f"{d.title}\n{d.contents}" for d in docs], update_vocab=True, return_as="ids", show_progress=False
+            [f"{d.title}\n{d.contents}" for d in docs],
+            update_vocab=True, return_as="ids", show_progress=False,
         )
         self._bm25 = bm25s.BM25()
         self._bm25.index(corpus_ids, show_progress=False)
@@ -88,7 +89,9 @@ class SearchIndex:
         if k == 0 or not query.strip():
             return []
         with self._lock:
-            query_ids = self._tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)
+            query_ids = self._tokenizer.tokenize(
+                [query], update_vocab=False, return_as="ids", show_progress=False
+            )
             indices, scores = self._bm25.retrieve(query_ids, k=k, show_progress=False)
         return [(self.docs[int(i)], float(s)) for i, s in zip(indices[0], scores[0]) if s > 0]
 
@@ -145,7 +148,10 @@ class _Handler(BaseHTTPRequestHandler):
             ("GET", "/health"): self._health,
         }
         try:
-            body = self._read_json() if method == "POST" else {k: v[0] for k, v in parse_qs(url.query).items()}
+            if method == "POST":
+                body = self._read_json()
+            else:
+                body = {key: values[0] for key, values in parse_qs(url.query).items()}
             handler = routes.get((method, url.path))
             if handler is None:
                 known = any(path == url.path for _, path in routes)
@@ -158,7 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(e.status, {"error": e.message})
         except Exception as e:  # noqa: BLE001 - answer 500 rather than drop the connection
             self.close_connection = True
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error ({type(e).__name__})"})
+            message = f"internal error ({type(e).__name__})"
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": message})
 
     def _read_json(self) -> dict:
         try:
@@ -167,7 +174,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "invalid Content-Length") from None
         if length > MAX_REQUEST_BYTES:
             self.close_connection = True  # the unread body would corrupt the next request
-            raise BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_REQUEST_BYTES} bytes")
+            message = f"request body over {MAX_REQUEST_BYTES} bytes"
+            raise BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message)
         raw = self.rfile.read(length) if length else b""
         try:
             body = json.loads(raw or b"{}")
@@ -207,8 +215,10 @@ class _Handler(BaseHTTPRequestHandler):
         result = []
         for query in queries:
             hits = self.server.index.search(query, topk)
-            docs = [({"id": d.id, "title": d.title, "contents": d.contents}, s) for d, s in hits]
-            result.append([{"document": doc, "score": s} for doc, s in docs] if with_scores else [doc for doc, _ in docs])
+            docs = [{"id": d.id, "title": d.title, "contents": d.contents} for d, _ in hits]
+            if with_scores:
+                docs = [{"document": doc, "score": score} for doc, (_, score) in zip(docs, hits)]
+            result.append(docs)
         return {"result": result}
 
     def _page(self, body: dict) -> dict:
@@ -236,7 +246,8 @@ def _count(body: dict, name: str, default: int) -> int:
     if isinstance(value, str) and value.isdigit():  # query-string values arrive as text
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RESULTS:
-        raise BadRequest(HTTPStatus.BAD_REQUEST, f"field {name!r} must be an integer in [1, {MAX_RESULTS}]")
+        message = f"field {name!r} must be an integer in [1, {MAX_RESULTS}]"
+        raise BadRequest(HTTPStatus.BAD_REQUEST, message)
     return value
 
 
@@ -262,7 +273,10 @@ class SearchServer:
 
     def start(self) -> "SearchServer":
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="search-server", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="search-server",
+            daemon=True,
         )
         self._thread.start()
         return self

@@ -27,7 +27,14 @@ import requests.adapters
 import urllib3
 from urllib3.exceptions import ReadTimeoutError
 
-from matpo_jax.tokenizer import MalformedToolCall, ToolCall, check_arguments, parse_tool_call, tool_name, tool_parameters
+from matpo_jax.tokenizer import (
+    MalformedToolCall,
+    ToolCall,
+    check_arguments,
+    parse_tool_call,
+    tool_name,
+    tool_parameters,
+)
 
 
 # ============================================================================ schemas
@@ -47,7 +54,12 @@ SEARCH_SCHEMA = _function(
     "Search the web. Returns titles, ids and snippets of the best pages.",
     {
         "query": {"type": "string", "description": "search query"},
-        "num": {"type": "integer", "description": "number of results (default 5)", "minimum": 1, "maximum": 10},
+        "num": {
+            "type": "integer",
+            "description": "number of results (default 5)",
+            "minimum": 1,
+            "maximum": 10,
+        },
     },
     ["query"],
 )
@@ -115,7 +127,9 @@ class ToolMetrics:
     def errors(self, kind: str | None = None) -> int:
         """Number of failed calls (of one kind, or all)."""
         with self._lock:
-            return sum(n for key, n in self._counts.items() if "/error/" in key and (kind is None or key.endswith(f"/{kind}")))
+            if kind is None:
+                return sum(n for key, n in self._counts.items() if "/error/" in key)
+            return sum(n for key, n in self._counts.items() if key.endswith(f"/error/{kind}"))
 
 
 # ============================================================================ HTTP plumbing
@@ -133,12 +147,16 @@ class HttpPolicy:
 
 
 class ToolFailure(Exception):
+    """A failed tool call: `kind` is the metrics key, `message` is shown to the model."""
+
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind, self.message = kind, message
 
 
 class _Retryable(Exception):
+    """A failure worth another attempt (transport errors, timeouts, 5xx/429)."""
+
     def __init__(self, failure: ToolFailure):
         super().__init__(failure.message)
         self.failure = failure
@@ -196,8 +214,13 @@ class HttpTool:
 
     name = "tool"
 
-    def __init__(self, base_url: str, policy: HttpPolicy | None = None, metrics: ToolMetrics | None = None,
-                 session: requests.Session | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        policy: HttpPolicy | None = None,
+        metrics: ToolMetrics | None = None,
+        session: requests.Session | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.policy = policy or HttpPolicy()
         self.metrics = metrics or ToolMetrics()
@@ -207,7 +230,7 @@ class HttpTool:
         try:
             inspect.signature(self.run).bind(**arguments)
         except TypeError as e:  # a caller that skipped ToolBox validation
-            result = ToolResult(f"Error: {self.name}: bad arguments ({e})", ok=False, error_kind=BAD_ARGUMENTS)
+            result = ToolResult(f"Error: {self.name}: bad arguments ({e})", False, BAD_ARGUMENTS)
             self.metrics.record(self.name, result)
             return result
         try:
@@ -218,7 +241,7 @@ class HttpTool:
             result = ToolResult(f"Error: {self.name} failed: {f.message}", ok=False, error_kind=f.kind)
         except Exception as e:  # noqa: BLE001 - a tool bug must not kill the rollout either
             logging.getLogger(__name__).exception("%s failed unexpectedly", self.name)
-            result = ToolResult(f"Error: {self.name} failed: {type(e).__name__}", ok=False, error_kind=INTERNAL_ERROR)
+            result = ToolResult(f"Error: {self.name} failed: {type(e).__name__}", False, INTERNAL_ERROR)
         self.metrics.record(self.name, result)
         return result
 
@@ -256,7 +279,10 @@ class HttpTool:
         timeout = (min(policy.connect_timeout_s, remaining), min(policy.read_timeout_s, remaining))
         url = self.base_url + path
         try:
-            with self.session.post(url, json=payload, headers=dict(headers or {}), timeout=timeout, stream=True) as resp:
+            response = self.session.post(
+                url, json=payload, headers=dict(headers or {}), timeout=timeout, stream=True
+            )
+            with response as resp:
                 if resp.status_code >= 400:
                     message = f"HTTP {resp.status_code} from {path}"
                     if _is_transient(resp.status_code):
@@ -266,11 +292,13 @@ class HttpTool:
         except requests.ConnectionError as e:
             if _is_read_timeout(e):
                 raise _Retryable(ToolFailure(TIMEOUT, f"no response from {path} in time")) from None
-            raise _Retryable(ToolFailure(CONNECTION_ERROR, f"cannot connect to the {self.name} service")) from None
+            message = f"cannot connect to the {self.name} service"
+            raise _Retryable(ToolFailure(CONNECTION_ERROR, message)) from None
         except requests.Timeout:
             raise _Retryable(ToolFailure(TIMEOUT, f"no response from {path} in time")) from None
         except requests.RequestException as e:
-            raise _Retryable(ToolFailure(CONNECTION_ERROR, f"request failed ({type(e).__name__})")) from None
+            message = f"request failed ({type(e).__name__})"
+            raise _Retryable(ToolFailure(CONNECTION_ERROR, message)) from None
 
     def _read_capped(self, resp: requests.Response, deadline: float) -> _Body:
         cap = self.policy.max_response_bytes
@@ -286,7 +314,8 @@ class HttpTool:
             except ReadTimeoutError:
                 raise _Retryable(ToolFailure(TIMEOUT, "the response stalled")) from None
             except urllib3.exceptions.HTTPError as e:  # dropped connection, bad chunking, bad gzip
-                raise _Retryable(ToolFailure(CONNECTION_ERROR, f"the response was cut off ({type(e).__name__})")) from None
+                message = f"the response was cut off ({type(e).__name__})"
+                raise _Retryable(ToolFailure(CONNECTION_ERROR, message)) from None
             if not chunk:
                 return _Body(b"".join(chunks), content_type, capped=False)
             chunks.append(chunk)
@@ -320,7 +349,9 @@ class SerperSearch(HttpTool):
 
     name = "search"
 
-    def __init__(self, base_url: str, api_key_env: str = "SERPER_API_KEY", default_num: int = 5, **kwargs):
+    def __init__(
+        self, base_url: str, api_key_env: str = "SERPER_API_KEY", default_num: int = 5, **kwargs
+    ):
         super().__init__(base_url, **kwargs)
         self.api_key_env, self.default_num = api_key_env, default_num
 
@@ -331,7 +362,8 @@ class SerperSearch(HttpTool):
         _expect(isinstance(body, dict) and isinstance(body.get("organic"), list), "no 'organic' list")
         hits = body["organic"]
         _expect(all(isinstance(h, dict) for h in hits), "'organic' entries must be objects")
-        return render_hits(query, [(h.get("title", ""), h.get("link", ""), h.get("snippet", "")) for h in hits])
+        triples = [(h.get("title", ""), h.get("link", ""), h.get("snippet", "")) for h in hits]
+        return render_hits(query, triples)
 
 
 class RetrievalSearch(HttpTool):
@@ -346,12 +378,14 @@ class RetrievalSearch(HttpTool):
     def run(self, query: str, num: int | None = None) -> str:
         payload = {"queries": [query], "topk": num or self.default_num, "return_scores": True}
         body = self.post("/retrieve", payload).json()
-        _expect(isinstance(body, dict) and isinstance(body.get("result"), list) and len(body["result"]) == 1,
+        result = body.get("result") if isinstance(body, dict) else None
+        _expect(isinstance(result, list) and len(result) == 1 and isinstance(result[0], list),
                 "'result' must hold one list per query")
         hits = []
-        for item in body["result"][0]:
+        for item in result[0]:
             doc = item.get("document", item) if isinstance(item, dict) else None
-            _expect(isinstance(doc, dict) and isinstance(doc.get("contents"), str), "documents need 'contents'")
+            _expect(isinstance(doc, dict) and isinstance(doc.get("contents"), str),
+                    "documents need 'contents'")
             title, text = doc.get("title"), doc["contents"]
             if not title:  # Search-R1 corpora put '"Title"\ntext' in contents
                 first, _, rest = text.partition("\n")
@@ -369,7 +403,8 @@ class PageReader(HttpTool):
         body = self.post("/page", {"id": id})
         if "json" in body.content_type:
             page = body.json()
-            _expect(isinstance(page, dict) and isinstance(page.get("contents"), str), "page needs 'contents'")
+            _expect(isinstance(page, dict) and isinstance(page.get("contents"), str),
+                    "page needs 'contents'")
             header = f"{page.get('title') or id} (id: {page.get('id', id)})"
             return f"{header}\n{page['contents']}"
         text = body.text()
@@ -384,7 +419,10 @@ def render_hits(query: str, hits: Sequence[tuple[str, str, str]]) -> str:
     """Compact search results: '1. Title (id: X)\\nsnippet' per hit."""
     if not hits:
         return f"No results for {query!r}."
-    return "\n".join(f"{n}. {_one_line(title)} (id: {link})\n{_one_line(text)}" for n, (title, link, text) in enumerate(hits, 1))
+    return "\n".join(
+        f"{n}. {_one_line(title)} (id: {link})\n{_one_line(text)}"
+        for n, (title, link, text) in enumerate(hits, 1)
+    )
 
 
 _TAGS = re.compile(r"<script.*?</script>|<style.*?</style>|<[^>]+>", re.DOTALL | re.IGNORECASE)
@@ -398,8 +436,12 @@ def _html_to_text(html: str) -> str:
 class ToolBox:
     """The tools of one role: executes a model's tool call and validates it against the schemas."""
 
-    def __init__(self, clients: Mapping[str, Callable[..., ToolResult]], schemas: Sequence[Mapping[str, Any]],
-                 metrics: ToolMetrics | None = None):
+    def __init__(
+        self,
+        clients: Mapping[str, Callable[..., ToolResult]],
+        schemas: Sequence[Mapping[str, Any]],
+        metrics: ToolMetrics | None = None,
+    ):
         self.schemas = list(schemas)
         self._by_name = {tool_name(s): s for s in self.schemas}
         missing = set(self._by_name) - set(clients)
@@ -415,7 +457,8 @@ class ToolBox:
     def call(self, name: str, arguments: Mapping[str, Any]) -> ToolResult:
         """Runs one structured call; unknown tools and bad arguments become error results."""
         if name not in self._by_name:
-            return self._reject(name, UNKNOWN_TOOL, f"Error: unknown tool {name!r}; available: {self.names}")
+            message = f"Error: unknown tool {name!r}; available: {self.names}"
+            return self._reject(name, UNKNOWN_TOOL, message)
         try:
             check_arguments(name, arguments, tool_parameters(self._by_name[name]))
         except MalformedToolCall as e:
@@ -437,8 +480,14 @@ class ToolBox:
         return result
 
 
-def worker_toolbox(search_url: str, protocol: str = "serper", page_url: str | None = None,
-                   policy: HttpPolicy | None = None, metrics: ToolMetrics | None = None, **search_kwargs) -> ToolBox:
+def worker_toolbox(
+    search_url: str,
+    protocol: str = "serper",
+    page_url: str | None = None,
+    policy: HttpPolicy | None = None,
+    metrics: ToolMetrics | None = None,
+    **search_kwargs,
+) -> ToolBox:
     """`search` + `open` over one service (our search_server serves both), sharing one metrics."""
     metrics = metrics or ToolMetrics()
     search_cls = {"serper": SerperSearch, "retrieval": RetrievalSearch}.get(protocol)

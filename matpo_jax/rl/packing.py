@@ -183,12 +183,33 @@ def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
 
 
 def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
-                   rows: int | None = None,
+                   rows: int | None = None, row_len_multiple: int | None = None,
                    loss_config: LossConfig = LossConfig()) -> PackedBatch:
-    """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple."""
+    """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
+
+    row_len_multiple: also pick the row length, among its multiples from the longest sequence up
+    to max_len, as the one with the fewest total slots (ties: shorter rows, whose dense attention
+    is cheaper). A small batch then avoids a mostly empty last row; the shape stays bucketed.
+    """
     _check_lengths(seqs, max_len)
-    bins = first_fit_decreasing([len(s) for s in seqs], max_len)
-    return _layout(seqs, bins, _num_rows(len(bins), row_multiple, rows), max_len, loss_config)
+    lengths = [len(s) for s in seqs]
+    candidates = [max_len]
+    if row_len_multiple:
+        shortest = round_up(max(lengths), row_len_multiple)
+        candidates = list(range(shortest, max_len + 1, row_len_multiple)) or [max_len]
+    best = None
+    for row_len in candidates:
+        bins = first_fit_decreasing(lengths, row_len)
+        if rows is not None and len(bins) > rows:
+            continue
+        num_rows = _num_rows(len(bins), row_multiple, rows)
+        if best is None or num_rows * row_len < best[0] * best[1]:
+            best = (num_rows, row_len, bins)
+    if best is None:  # nothing fits in `rows`: let _num_rows raise with the count at max_len
+        bins = first_fit_decreasing(lengths, max_len)
+        _num_rows(len(bins), row_multiple, rows)
+    num_rows, row_len, bins = best
+    return _layout(seqs, bins, num_rows, row_len, loss_config)
 
 
 def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,

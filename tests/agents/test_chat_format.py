@@ -182,7 +182,9 @@ def test_stop_ids_and_piece_texts(chat_format):
     cf = chat_format
     assert cf.decode([cf.im_end_id]) == "<|im_end|>"
     assert cf.decode([cf.tool_call_end_id]) == "</tool_call>"
-    assert cf.eos_id == cf.im_end_id and cf.im_end_id in cf.stop_ids
+    assert cf.decode([cf.endoftext_id]) == cf.decode([cf.pad_id]) == "<|endoftext|>"
+    assert cf.eos_id == cf.im_end_id
+    assert cf.stop_ids == tuple(sorted({cf.im_end_id, cf.endoftext_id}))
     assert cf.decode(cf.turn_end_ids()) == "\n"
     assert cf.decode(cf.turn_end_ids(closed=False)) == "<|im_end|>\n"
     assert cf.decode(cf.tool_response_ids("r")) == (
@@ -260,6 +262,13 @@ def test_prompts_recap_and_clean_report():
     assert "Who founded Northwind?" in recap and "report" in recap
     assert prompts.question_prompt("Q?").endswith("\\boxed{}.")
     assert set(prompts.ROLE_TEXT) == {"planner", "worker", "single"}
+    planner = prompts.system_prompt("planner")
+    assert planner.startswith(prompts.PLANNER_ROLE + "\n\n# Tools")
+    assert '"name": "subagent"' in planner and '"name": "search"' not in planner
+    worker = prompts.system_prompt("worker")
+    assert '"name": "search"' in worker and '"name": "open"' in worker and "subagent" not in worker
+    with pytest.raises(ValueError, match="role='judge'"):
+        prompts.system_prompt("judge")
     raw = ("<think>long private reasoning</think>\n\nConclusion: Lyon.\n\n\n\nFacts: born there."
            "\n<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call><|im_end|>")
     assert prompts.clean_report(raw, 1000) == "Conclusion: Lyon.\n\nFacts: born there."

@@ -7,6 +7,7 @@ import pytest
 from matpo_jax.agents.tools import (
     BAD_ARGUMENTS,
     CLIENT_ERROR,
+    INTERNAL_ERROR,
     MALFORMED_CALL,
     OPEN_SCHEMA,
     SEARCH_SCHEMA,
@@ -127,9 +128,18 @@ def test_toolbox_requires_a_client_per_schema():
         worker_toolbox("http://127.0.0.1:1", protocol="bing")
 
 
-def test_clients_never_raise_on_bad_keyword_arguments(search_server):
+def test_clients_never_raise_on_bad_arguments_or_their_own_bugs(search_server):
     result = SerperSearch(search_server.url)(question="no such argument")
     assert not result.ok and result.error_kind == BAD_ARGUMENTS
+
+    class BrokenReader(PageReader):
+        def run(self, id):
+            raise KeyError("bug")
+
+    broken = BrokenReader(search_server.url)
+    result = broken(id="doc-lyon")
+    assert not result.ok and result.error_kind == INTERNAL_ERROR and "KeyError" in result.text
+    assert broken.metrics.errors(INTERNAL_ERROR) == 1
 
 
 def test_clients_are_thread_safe_and_metrics_exact(search_server):

@@ -10,6 +10,7 @@ means the two disagree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -121,8 +122,16 @@ class ScriptedPolicy:
     chat: ChatFormat
     graphdef: nnx.GraphDef
     state: nnx.State
-    final_loss: float
+    margin: float  # the smallest logit margin of a scripted token over the runner-up
     conversations: dict[str, list[dict]]  # "planner:<question>", "worker:<subtask>", "single:<q>"
+
+    def teacher_logprobs(self, sequences: Sequence[list[int]], length: int) -> np.ndarray:
+        """log p(token t | tokens < t) for each sequence (row t-1 scores token t), one padded
+        batch of `length` so one compilation serves every call."""
+        tokens = np.zeros((len(sequences), length), np.int32)
+        for row, ids in enumerate(sequences):
+            tokens[row, :len(ids)] = ids
+        return np.asarray(_teacher_logprobs(self.graphdef, self.state, jnp.asarray(tokens)))
 
     def render(self, key: str) -> tuple[list[int], list[bool]]:
         """A scripted conversation as the engine assembles it (without the final newline)."""
@@ -130,8 +139,15 @@ class ScriptedPolicy:
         return ids[:-1], trainable[:-1]
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _teacher_logprobs(graphdef, state, tokens):
+    logits = nnx.merge(graphdef, state)(tokens[:, :-1])
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(logprobs, tokens[:, 1:, None], axis=-1)[..., 0]
+
+
 def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleScript],
-                    run_tool: RunTool, report_max_chars: int, steps: int = 150,
+                    run_tool: RunTool, report_max_chars: int, max_steps: int = 400,
                     learning_rate: float = 1e-2, vocab_size: int = 1024) -> ScriptedPolicy:
     """Fetches the real tool outputs, trains a tokenizer and fits a tiny model to the scripts."""
     conversations = {}
@@ -145,44 +161,61 @@ def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleS
     texts = [m["content"] for conv in conversations.values() for m in conv]
     chat = ChatFormat(train_tokenizer(texts * 4, vocab_size))
     model = tiny_model(len(chat.tokenizer))
-    graphdef, state, loss = fit(model, [chat.render(c) for c in conversations.values()], steps,
-                                learning_rate)
-    return ScriptedPolicy(chat, graphdef, state, loss, conversations)
+    graphdef, state, margin = fit(model, [chat.render(c) for c in conversations.values()],
+                                  max_steps, learning_rate)
+    return ScriptedPolicy(chat, graphdef, state, margin, conversations)
 
 
 def tiny_model(vocab_size: int, seed: int = 0) -> Qwen3ForCausalLM:
-    config = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                          head_dim=16, max_position_embeddings=4096)
     return Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed))
 
 
 def fit(model: Qwen3ForCausalLM, sequences: Sequence[tuple[list[int], list[bool]]],
-        steps: int = 300, learning_rate: float = 3e-3) -> tuple[nnx.GraphDef, nnx.State, float]:
-    """Supervised fit on the trainable tokens of `sequences`; returns (graphdef, state, last loss)."""
+        max_steps: int = 400, learning_rate: float = 1e-2, margin: float = 1.0,
+        check_every: int = 5) -> tuple[nnx.GraphDef, nnx.State, float]:
+    """Supervised fit on the trainable tokens of `sequences` until greedy decoding replays them.
+
+    Stops once every trainable target beats every other token by `margin` logits (so greedy
+    replays the scripts, with room for small numeric differences between the cached decode and
+    this full forward pass). Returns (graphdef, state, the smallest margin reached).
+    """
     length = max(len(ids) for ids, _ in sequences)
     tokens = np.zeros((len(sequences), length), np.int32)
     targets_mask = np.zeros((len(sequences), length), np.float32)
     for row, (ids, trainable) in enumerate(sequences):
         tokens[row, :len(ids)] = ids
         targets_mask[row, :len(ids)] = trainable
-    inputs, targets, mask = tokens[:, :-1], tokens[:, 1:], targets_mask[:, 1:]
+    inputs = jnp.asarray(tokens[:, :-1])
+    targets = jnp.asarray(tokens[:, 1:])
+    mask = jnp.asarray(targets_mask[:, 1:])
     graphdef, params = nnx.split(model)
     optimizer = optax.adam(learning_rate)
     opt_state = optimizer.init(params)
 
     def loss_fn(params):
-        logits = nnx.merge(graphdef, params)(jnp.asarray(inputs))
-        nll = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(targets))
-        return jnp.sum(nll * mask) / jnp.sum(mask)
+        logits = nnx.merge(graphdef, params)(inputs)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        return jnp.sum(nll * mask) / jnp.sum(mask), logits
 
     @jax.jit
     def step(params, opt_state):
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        (_, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        # Margin of the pre-update parameters: cheap, it reuses the forward pass.
+        target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        others = jnp.where(jax.nn.one_hot(targets, logits.shape[-1], dtype=bool), -jnp.inf, logits)
+        worst = jnp.min(jnp.where(mask > 0, target_logit - jnp.max(others, axis=-1), jnp.inf))
+        return optax.apply_updates(params, updates), opt_state, worst
 
-    loss = jnp.inf
-    for _ in range(steps):
-        params, opt_state, loss = step(params, opt_state)
-    return graphdef, params, float(loss)
+    best_margin = -np.inf
+    for index in range(max_steps):
+        new_params, opt_state, worst = step(params, opt_state)
+        if index % check_every == 0 or index == max_steps - 1:
+            best_margin = float(worst)
+            if best_margin >= margin:
+                break  # `params` (before this update) already replay the scripts
+        params = new_params
+    return graphdef, params, best_margin

@@ -1,4 +1,6 @@
 """Packing: layout invariants, credit assignment on worker tokens, static row buckets, errors."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,28 @@ def test_weights_do_not_depend_on_the_layout(rollout_batch, mode):
         np.testing.assert_array_equal(a, b)
     if mode in ("token-mean", "matpo", "seq-mean-token-mean"):
         assert packed.loss_weights.sum() == pytest.approx(1.0, rel=1e-6)  # a proper mean
+
+
+def test_row_length_search_removes_the_mostly_empty_last_row():
+    rng = np.random.default_rng(1)
+    seqs = [packing.TrainSequence(np.ones(n, np.int32), np.ones(n, bool), np.zeros(n, np.float32),
+                                  0.0, 0, i, i)
+            for i, n in enumerate([1000, 900, 700, 650] + list(rng.integers(100, 300, 12)))]
+    fixed = packing.pack_sequences(seqs, 1024)
+    searched = packing.pack_sequences(seqs, 2048, row_len_multiple=128)
+    assert searched.shape[1] % 128 == 0 and searched.shape[1] >= 1000
+    assert searched.efficiency() > fixed.efficiency()
+    assert searched.num_loss_tokens() == fixed.num_loss_tokens()
+
+
+def test_reference_logprobs_travel_with_their_tokens():
+    seqs = [packing.TrainSequence(np.arange(n, dtype=np.int32), np.ones(n, bool),
+                                  np.zeros(n, np.float32), 1.0, 0, i, i,
+                                  ref_logprobs=np.full(n, -float(i + 1), np.float32))
+            for i, n in enumerate([5, 3, 7])]
+    batch = packing.pack_sequences(seqs, 8)
+    for s in seqs:
+        np.testing.assert_array_equal(batch.ref_logprobs[batch.rollout_ids == s.rollout_id],
+                                      s.ref_logprobs)
+    assert packing.pack_sequences([dataclasses.replace(s, ref_logprobs=None) for s in seqs],
+                                  8).ref_logprobs is None

@@ -88,6 +88,13 @@ def test_save_interval_keep_last_k_and_latest_step(tmp_path):
         assert ckpt.restore_latest(params, opt_state).step == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["6", "7"]
 
+    # checkpoint_every = 0: nothing but forced saves.
+    with Checkpointer(tmp_path / "final_only", save_every=0) as ckpt:
+        assert not any(ckpt.save(s, params=params, opt_state=opt_state) for s in range(3))
+        assert ckpt.save(3, params=params, opt_state=opt_state, force=True)
+        ckpt.wait_until_finished()
+        assert ckpt.all_steps() == [3]
+
 
 def test_partially_written_checkpoint_is_ignored(tmp_path):
     params, opt_state = trained_state()

@@ -69,7 +69,8 @@ def test_unknown_field_suggests_the_nearest():
     assert problems_of(cfg) == ["unknown field rl.lrr (did you mean rl.lr?)"]
     cfg = base_config()
     cfg.rollout.groupsize = 8
-    assert problems_of(cfg) == ["unknown field rollout.groupsize (did you mean rollout.group_size?)"]
+    assert problems_of(cfg) == [
+        "unknown field rollout.groupsize (did you mean rollout.group_size?)"]
     cfg = base_config()
     del cfg.train["seed"]
     assert problems_of(cfg) == ["missing field train.seed"]
@@ -146,8 +147,8 @@ def test_mesh_must_match_the_devices():
     validate_config(cfg, num_devices=8)
     assert resolve_mesh_shape(cfg.mesh, 8) == {"data": 2, "fsdp": 2, "tensor": 2}
     cfg.rl.pack_rows = 6  # rows are split over data*fsdp = 4
-    assert problems_of(cfg, num_devices=8) == [
-        "rl.pack_rows = 6: must be a multiple of mesh.data*mesh.fsdp = 4 (rows are split over them)"]
+    assert problems_of(cfg, num_devices=8) == ["rl.pack_rows = 6: must be a multiple of "
+                                               "mesh.data*mesh.fsdp = 4 (rows are split over them)"]
 
 
 def test_cross_field_consistency():
@@ -159,7 +160,8 @@ def test_cross_field_consistency():
     msgs = problems_of(cfg)
     assert "reward.judge_url must be set when reward.method = 'judge'" in msgs
     assert "tools.search_url must be set when tools.search_backend = 'serper'" in msgs
-    assert any(m.startswith("rl.pack_len = 1024: must be >= rollout.max_context = 2048") for m in msgs)
+    assert any(m.startswith("rl.pack_len = 1024: must be >= rollout.max_context = 2048")
+               for m in msgs)
     assert any(m.startswith("model.arch.num_attention_heads = 4: must be a multiple") for m in msgs)
     assert len(msgs) == 4
 
@@ -200,35 +202,63 @@ def test_save_config_writes_the_resolved_config(tmp_path):
     assert '"group_size": 4' in path.read_text()
 
 
-@pytest.fixture
-def fresh_flags():
+def parse_command_line(argv):
+    """Defines the flags on a fresh FlagValues and parses argv as train.py's app.run would."""
     values = flags.FlagValues()
-    config, workdir = define_flags(flag_values=values)
-    return values, config, workdir
+    config, workdir = define_flags(flag_values=values, sys_argv=argv)
+    rest = parse_flags(argv, values)
+    return config.value, workdir.value, rest
 
 
-def test_flags_load_override_and_validate(fresh_flags):
-    values, config, workdir = fresh_flags
-    rest = parse_flags(["train", f"--config={CONFIGS / 'base.py'}:rollout.mode=single",
-                        "--config.rl.lr=3e-4", "--config.model.hf_checkpoint=/nowhere",
-                        "--workdir=/tmp/run", "extra"], values)
-    assert rest == ["train", "extra"] and workdir.value == "/tmp/run"
-    cfg = config.value
+def test_flags_load_override_and_validate():
+    cfg, workdir, rest = parse_command_line([
+        "train", f"--config={CONFIGS / 'base.py'}:rollout.mode=single", "--config.rl.lr=3e-4",
+        "--config.model.hf_checkpoint=/nowhere", "--workdir=/tmp/run", "extra"])
+    assert rest == ["train", "extra"] and workdir == "/tmp/run"
     assert cfg.rollout.mode == "single" and cfg.rl.lr == 3e-4
     with pytest.raises(ConfigError, match="model.hf_checkpoint = '/nowhere': directory"):
         validate_config(cfg, num_devices=8)
 
 
-def test_flags_unknown_override_names_the_field(fresh_flags):
-    values, _, _ = fresh_flags
+def test_flags_unknown_override_names_the_field():
     with pytest.raises(ConfigError) as error:
-        parse_flags(["train", f"--config={CONFIGS / 'base.py'}", "--config.rl.lrr=1"], values)
+        parse_command_line(["train", f"--config={CONFIGS / 'base.py'}", "--config.rl.lrr=1"])
     assert str(error.value) == "unknown field rl.lrr (did you mean rl.lr?)"
+    assert isinstance(error.value.__cause__, (KeyError, AttributeError))  # ml_collections' error
 
 
 def test_flags_bad_value_names_the_field():
-    values = flags.FlagValues()
-    define_flags(flag_values=values)
-    with pytest.raises(ConfigError, match="config.rollout.group_size"):
-        parse_flags(["train", f"--config={CONFIGS / 'base.py'}",
-                     "--config.rollout.group_size=2.5"], values)
+    with pytest.raises(ConfigError, match="config.rollout.group_size=2.5: invalid literal"):
+        parse_command_line(["train", f"--config={CONFIGS / 'base.py'}",
+                            "--config.rollout.group_size=2.5"])
+
+
+ENTRY_POINT = """
+from absl import app
+from matpo_jax import config as matpo_config
+
+CONFIG, WORKDIR = matpo_config.define_flags()
+
+def main(argv):
+    cfg = matpo_config.config_from_flags(CONFIG, num_devices=8)
+    print("ok", cfg.rollout.mode, cfg.rl.lr, WORKDIR.value)
+
+app.run(main, flags_parser=matpo_config.flags_parser)
+"""
+
+
+def test_entry_point_reports_bad_overrides_in_one_line(tmp_path):
+    """How train.py uses the helpers: app.run with our flags_parser, validation in main."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "entry.py"
+    script.write_text(ENTRY_POINT)
+    run = lambda *args: subprocess.run([sys.executable, str(script), *args],  # noqa: E731
+                                       capture_output=True, text=True, timeout=60)
+    good = run(f"--config={CONFIGS / 'base.py'}", "--config.rl.lr=0.5", "--workdir=/tmp/w")
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip() == "ok matpo 0.5 /tmp/w"
+    bad = run(f"--config={CONFIGS / 'base.py'}", "--config.rl.lrr=0.5")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "FATAL config error: unknown field rl.lrr (did you mean rl.lr?)"

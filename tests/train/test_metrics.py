@@ -1,6 +1,5 @@
 """Metrics JSONL + TensorBoard writers, rollout statistics, the progress bar and the PNG plots."""
 import io
-import json
 import math
 import struct
 

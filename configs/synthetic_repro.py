@@ -1,0 +1,21 @@
+"""Miniature reproduction of the paper's comparison: single-agent GRPO vs MATPO, same SFT start and
+RL budget, at a chosen noise level (long, noisy tool output is where MATPO should win).
+
+  python -m matpo_jax.train --config=configs/synthetic_repro.py:mode=matpo,noise=0.6,seed=1 --workdir=...
+  arguments: mode=matpo|single, noise=<0..1>, seed=<int>, recap=<bool>, summary=<bool> (ablations)
+"""
+import os
+
+from matpo_jax.config import load_config_file, parse_arg
+
+
+def get_config(arg=None):
+    a = parse_arg(arg, mode="matpo", noise=0.3, seed=0, recap=True, summary=True)
+    c = load_config_file(os.path.join(os.path.dirname(__file__), "synthetic_tiny.py"))
+    c.rollout.mode = a.mode
+    c.rollout.user_query_recap = a.recap
+    c.rollout.final_summary = a.summary
+    c.data.noise = a.noise
+    c.train.seed = a.seed
+    c.data.shuffle_seed = a.seed
+    return c
