@@ -39,14 +39,18 @@ SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family
 GREEDY = Sampling(greedy=True)
 
 
-def best_time(fn, repeats, warm_up=None):
-    (warm_up or fn)()  # compilation, allocator, caches
-    times = []
+def best_times_interleaved(runs, repeats):
+    """Best wall time of each named run, alternating them so that load from other processes on a
+    shared machine hits every side alike. runs: name -> (run, warm_up)."""
+    for run, warm_up in runs.values():
+        warm_up()
+    best = {name: float("inf") for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, (run, _) in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def build_pair(fields, seed=0):
@@ -129,8 +133,9 @@ def callback_overhead(ours, prompts, new_tokens, repeats):
                                           slots=batch, max_len=max_len, max_turn=1,
                                           sampling=GREEDY))
 
-    rare = best_time(ours_generate(ours, prompts, new_tokens), repeats)
-    frequent = best_time(every_step, repeats)
+    once = ours_generate(ours, prompts, new_tokens)
+    best = best_times_interleaved(dict(once=(once, once), every=(every_step, every_step)), repeats)
+    rare, frequent = best["once"], best["every"]
     extra_calls = every_step_stats[-1].host_calls - 2  # generate calls the host twice
     return dict(batch=batch, new_tokens=new_tokens, seconds_rare=rare, seconds_every_step=frequent,
                 host_calls_every_step=every_step_stats[-1].host_calls,
@@ -142,12 +147,13 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny lengths: a smoke run")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args()
-    prompt_len, new_tokens, repeats = (8, 8, 1) if args.quick else (64, 128, 2)
+    prompt_len, new_tokens, repeats = (8, 8, 1) if args.quick else (64, 128, 3)
     batches = (1, 32)
     threads = os.cpu_count()  # XLA's CPU client uses every core; torch gets the same
     torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
 
+    load_before = os.getloadavg()
     rows = []
     for size, fields in SIZES.items():
         hf_model, ours = build_pair(fields)
@@ -155,15 +161,17 @@ def main():
         for batch in batches:
             prompts = rng.integers(0, fields["vocab_size"], (batch, prompt_len)).astype(np.int32)
             logit_diff = same_weights_check(hf_model, ours, prompts[:1])
-            ours_s = best_time(ours_generate(ours, prompts, new_tokens), repeats)
+            ours_run = ours_generate(ours, prompts, new_tokens)
             hf_run = hf_generate(hf_model, prompts, new_tokens)
-            hf_s = best_time(hf_run, repeats, warm_up=lambda: hf_run(new_tokens=2))
+            best = best_times_interleaved(
+                dict(ours=(ours_run, ours_run), hf=(hf_run, lambda: hf_run(new_tokens=2))), repeats)
+            ours_s, hf_s = best["ours"], best["hf"]
             row = dict(size=size, params=params, batch=batch, prompt_len=prompt_len,
                        new_tokens=new_tokens, ours_s=ours_s, hf_s=hf_s,
                        ours_tok_s=batch * new_tokens / ours_s, hf_tok_s=batch * new_tokens / hf_s,
                        speedup=hf_s / ours_s, max_logit_diff=logit_diff)
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps(row), os.getloadavg(), flush=True)
 
     _, small = build_pair(SIZES["4M"])
     overhead = [callback_overhead(small, rng.integers(0, 4096, (b, prompt_len)).astype(np.int32),
@@ -174,9 +182,10 @@ def main():
         environment=dict(jax=jax.__version__, torch=torch.__version__,
                          transformers=transformers.__version__, cpu=platform.processor() or
                          platform.machine(), cores=os.cpu_count(), torch_threads=threads,
-                         jax_backend=jax.default_backend()),
+                         jax_backend=jax.default_backend(),
+                         load_average_before=load_before, load_average_after=os.getloadavg()),
         settings=dict(prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
-                      greedy=True, dtype="float32", timing="best of repeats, after a warm-up"),
+                      greedy=True, dtype="float32", timing="best of repeats, sides interleaved, after a warm-up"),
         throughput=rows, callback_overhead=overhead)
     if args.quick:
         return
@@ -185,6 +194,10 @@ def main():
         json.dump(result, f, indent=2)
     with open(os.path.join(args.out, "sampler.md"), "w") as f:
         f.write(markdown(result))
+
+
+def _load(triple):
+    return "/".join(f"{x:.1f}" for x in triple)
 
 
 def markdown(result):
@@ -197,8 +210,10 @@ def markdown(result):
         f"{env['transformers']}. Same weights (HF checkpoint loaded with `load_pretrained`), "
         f"float32, greedy, KV cache, prompt {settings['prompt_len']} tokens, "
         f"{settings['new_tokens']} new tokens per row (EOS ignored). Time = whole generate call "
-        "(prefill + decode), best of "
-        f"{settings['repeats']} after a warm-up (compilation excluded).",
+        f"(prefill + decode), best of {settings['repeats']} interleaved with the other side, after "
+        "a warm-up (compilation excluded). Load average (1/5/15 min) before the run: "
+        f"{_load(env['load_average_before'])}, after: {_load(env['load_average_after'])} "
+        "(the machine is shared; a load above the core count inflates both sides' times).",
         "",
         "| model | params | batch | ours tok/s | transformers tok/s | speed-up | max logit diff |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -120,7 +120,8 @@ def time_layout(name, batch, model, mesh, tx, repeats):
     step_s, step_cpu_s = min(times), min(cpu_times)
     real_tokens = int((batch.segment_ids > 0).sum())
     print(f"{name}: shape {batch.shape}, efficiency {batch.efficiency():.3f}, compile "
-          f"{compile_s:.1f}s, step {step_s:.2f}s ({step_cpu_s:.1f} CPU s), loss {float(metrics['loss']):.4f}", flush=True)
+          f"{compile_s:.1f}s, step {step_s:.2f}s ({step_cpu_s:.1f} CPU s), "
+          f"loss {float(metrics['loss']):.4f}", flush=True)
     return dict(layout=name, rows=rows, row_len=batch.shape[1], efficiency=batch.efficiency(),
                 tokens=real_tokens, loss_tokens=batch.num_loss_tokens(), compile_s=compile_s,
                 step_s=step_s, step_cpu_s=step_cpu_s, all_step_s=times,
@@ -152,7 +153,8 @@ def main():
     packed = packing.pack_sequences(seqs, 2 * packing.round_up(longest, 128), row_len_multiple=128)
     padded = packing.pad_sequences(seqs, packing.round_up(longest, 128))
     print(f"{total_params / 1e6:.1f}M params, {len(seqs)} sequences "
-          f"({args.planners} planners), {sum(map(len, seqs))} tokens; load {load_start}", flush=True)
+          f"({args.planners} planners), {sum(map(len, seqs))} tokens; load {load_start}",
+          flush=True)
 
     peak_before = matmul_peak()
     mesh = parallel.make_mesh(devices=jax.devices()[:1])

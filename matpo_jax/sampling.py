@@ -4,8 +4,9 @@ Each iteration samples one token per active slot and feeds it through `model.dec
 slot stops (a stop token, its turn cap, a full cache) the loop leaves XLA once, through an ordered
 `io_callback`, hands every stopped slot's turn to the host (`SlotEvents`) and receives what to
 write next (`SlotInjection`: prompts, tool responses, re-prefilled contexts). The injected tokens
-are written by one bucketed `model.extend` inside the loop, so a rollout with many tool calls is a
-single compiled program: no recompiles, no re-upload of the cache, no Python per decoded token.
+are written inside the loop by one `model.extend` of a static bucket width (long ones by a loop of
+fixed-width chunks), so a rollout with many tool calls is a single compiled program: no
+recompiles, no re-upload of the cache, no Python per decoded token.
 
 Structure: outer loop = [host call -> inject] then an inner loop that decodes until some slot
 stops; the host is therefore called exactly once per iteration in which any slot stopped (and once
@@ -113,9 +114,10 @@ def chat_stop_ids(chat_format) -> dict[int, int]:
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:
-    """Static injection lengths: a short tool response pays for a 16- or 64-token extend, a full
-    re-prefill for max_len."""
-    return tuple(b for b in (16, 64, 256, 1024, 4096) if b < max_len) + (max_len,)
+    """Static injection widths: a short tool response pays for a 16- or 64-token extend. Anything
+    longer than the last width (a prompt, a re-prefilled context) is written in chunks of it."""
+    widths = tuple(b for b in (16, 64, 256, 512) if b < max_len)
+    return widths + (max_len,) if max_len <= 512 else widths
 
 
 def _stop_table(stop_ids: Mapping[int, int] | Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -218,27 +220,50 @@ class _LoopState(NamedTuple):
 
 
 def _inject(model, cache: KVCache, logits, tokens, num, buckets):
-    """Appends tokens[b, :num[b]] with the smallest static bucket that fits max(num).
+    """Appends tokens[b, :num[b]] with the smallest static width in `buckets` that fits max(num);
+    longer injections go through `_inject_in_chunks` of the last width.
 
     Nothing runs when num is all 0. An injected row's next-token logits are the extend logits at
-    index num-1. The bucket is picked by one `lax.cond` per bucket (at most one is taken) rather
+    index num-1. The width is picked by one `lax.cond` per bucket (at most one is taken) rather
     than a `lax.switch`: XLA updates the cache in place through a conditional whose other branch is
     the identity, but copies the whole cache in and out of a switch whose several branches write it.
     """
 
-    def write(width):
-        def extend(cache, logits):
-            extend_logits, cache = model.extend(tokens[:, :width], num, cache)
-            last = jnp.clip(num - 1, 0, width - 1)
-            new = jnp.take_along_axis(extend_logits, last[:, None, None], axis=1)[:, 0]
-            return cache, jnp.where((num > 0)[:, None], new, logits)
-        return extend
+    def extend_once(width):
+        return lambda cache, logits: _extend_rows(model, cache, logits, tokens[:, :width], num)
 
+    branches = [extend_once(width) for width in buckets]
+    if buckets[-1] < tokens.shape[1]:
+        branches.append(lambda cache, logits: _inject_in_chunks(model, cache, logits, tokens, num,
+                                                                chunk=buckets[-1]))
     longest = jnp.max(num)
     chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
-    for index, width in enumerate(buckets):
-        cache, logits = jax.lax.cond(chosen == index, write(width), lambda c, l: (c, l),
-                                     cache, logits)
+    for index, branch in enumerate(branches):
+        cache, logits = jax.lax.cond(chosen == index, branch, lambda c, l: (c, l), cache, logits)
+    return cache, logits
+
+
+def _extend_rows(model, cache: KVCache, logits, tokens, num):
+    """model.extend, keeping the old next-token logits of rows that receive nothing."""
+    extend_logits, cache = model.extend(tokens, num, cache)
+    last = jnp.clip(num - 1, 0, tokens.shape[1] - 1)
+    new = jnp.take_along_axis(extend_logits, last[:, None, None], axis=1)[:, 0]
+    return cache, jnp.where((num > 0)[:, None], new, logits)
+
+
+def _inject_in_chunks(model, cache: KVCache, logits, tokens, num, chunk: int):
+    """Writes a long injection as a loop of `chunk`-wide extends: the [B, T, V] extend logits stay
+    chunk-sized whatever the context length, and only one more extend width is compiled."""
+
+    def write_chunk(carry):
+        start, cache, logits = carry
+        part = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        cache, logits = _extend_rows(model, cache, logits, part, jnp.clip(num - start, 0, chunk))
+        return start + chunk, cache, logits
+
+    tokens = jnp.pad(tokens, ((0, 0), (0, -tokens.shape[1] % chunk)))  # every slice in bounds
+    _, cache, logits = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(num), write_chunk,
+                                          (jnp.int32(0), cache, logits))
     return cache, logits
 
 
@@ -344,14 +369,15 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
     SlotEvents.turn_tokens (default sampling.max_turn_tokens). stop_ids: {token_id: STOP_*} (see
-    `chat_stop_ids`) or a plain id list (reported as STOP_EOS). buckets: static injection lengths
-    (default `default_buckets(max_len)`); the last must equal max_len so any injection fits.
-    All results reach the host through SlotEvents; this returns counters only.
-    """
+    `chat_stop_ids`) or a plain id list (reported as STOP_EOS). buckets: static injection widths
+    (default `default_buckets(max_len)`); longer injections are written in chunks of the last.
+    max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
+    All results reach the host through SlotEvents; this returns counters only."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
-    buckets = tuple(sorted(set(buckets))) if buckets else default_buckets(max_len)
-    if buckets[-1] != max_len:
-        raise SlotProtocolError(f"buckets must end with max_len={max_len}, got {buckets}")
+    buckets = tuple(sorted({min(int(b), max_len) for b in buckets})) if buckets else \
+        default_buckets(max_len)
+    if buckets[0] <= 0:
+        raise SlotProtocolError(f"buckets must be positive widths, got {buckets}")
     rng = jax.random.key(0) if rng is None else rng
     session = _HostSession(host, slots, max_len)
     with _SESSIONS_LOCK:
@@ -384,7 +410,6 @@ class _PromptQueueHost:
         self.width = max(len(p) for p in prompts)
         self.tokens: list[np.ndarray | None] = [None] * len(prompts)
         self.logprobs: list[np.ndarray | None] = [None] * len(prompts)
-        self.stop_reasons = np.zeros(len(prompts), np.int32)
 
     def __call__(self, events: SlotEvents) -> SlotInjection:
         slots = len(self.slot_prompt)
@@ -393,7 +418,6 @@ class _PromptQueueHost:
             index = self.slot_prompt[slot]
             if index is not None and events.stopped[slot]:
                 self.tokens[index], self.logprobs[index] = events.turn(slot)
-                self.stop_reasons[index] = events.stop_reason[slot]
                 self.slot_prompt[slot] = index = None
             if index is None and self.pending:
                 index, prompt = self.pending.popleft()

@@ -94,7 +94,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
             chosen_seqs = [seqs[i] for b in chosen for i in b]
             local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
                      for k in range(len(chosen))]
-            batch = packing._layout(chosen_seqs, local, rows, max_len, scfg.loss)
+            batch = packing.layout_bins(chosen_seqs, local, rows, max_len, max_len, scfg.loss)
             state, metrics = step_fn(state, batch)
             if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:
                 record = {f"sft/{k}": float(np.asarray(v)) for k, v in metrics.items()}

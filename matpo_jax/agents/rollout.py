@@ -5,8 +5,9 @@ the slot sampler (`sampling.run_slots`). Every time some slots stop, the engine 
 agent's turn, runs the tool calls of all of them at once (thread pool), and answers with the next
 tokens to append in place, or frees the slot:
 - a planner's `subagent` call spawns a worker with a fresh context (role prompt + user-query recap);
-  the planner gives up its slot and is re-admitted, its whole context re-prefilled, once all of its
-  workers have reported;
+  the planner stops decoding and lends its slot to whoever needs one; once all of its workers
+  have reported it decodes on, in place if its cache is still in its slot, else re-prefilled
+  into a free one (see scheduler.py);
 - a worker runs its own search/open loop, then gets one no-tools final-summary turn; the cleaned,
   truncated summary is the tool response its planner receives;
 - single agents call search/open directly.
@@ -33,7 +34,7 @@ import numpy as np
 
 from matpo_jax import sampling, tokenizer
 from matpo_jax.agents import prompts, tools
-from matpo_jax.agents.scheduler import RELEASE, Continue, SlotScheduler, Turn
+from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,10 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     mix_roles: bool = True  # False: planners and workers decode in separate phases (baseline)
+    # Static widths of the sampler's injection writes (None: sampling.default_buckets). Every
+    # host call pays the smallest width >= its longest injection (longer: chunks of the last),
+    # on all slots: finer widths cost compilations, save compute on prompts and re-prefills.
+    injection_buckets: tuple[int, ...] | None = None
     tool_threads: int = 16  # concurrent tool calls per host call
 
     def __post_init__(self):
@@ -87,6 +92,10 @@ class RolloutConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise RolloutConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.injection_buckets is not None and (
+                not self.injection_buckets or min(self.injection_buckets) <= 0):
+            raise RolloutConfigError(f"injection_buckets must be positive widths, got "
+                                     f"{self.injection_buckets}")
         if self.max_new_tokens >= self.max_context:
             raise RolloutConfigError(f"max_new_tokens ({self.max_new_tokens}) must be smaller "
                                      f"than max_context ({self.max_context})")
@@ -123,19 +132,36 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
         engine.start(questions)
         loop = sampling.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
-            max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng)
+            max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng,
+            buckets=cfg.injection_buckets)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     metrics = rollout_metrics(rollouts, cfg)
     metrics.update(engine.counters)
+    stats = engine.scheduler.stats
     metrics.update(
         slot_utilisation=loop.sampled_tokens / max(1, cfg.slots * loop.decode_steps),
         decode_steps=loop.decode_steps, host_calls=loop.host_calls,
-        sampled_tokens=loop.sampled_tokens, prefill_tokens=engine.scheduler.stats.prefill_tokens,
-        injected_tokens=engine.scheduler.stats.injected_tokens,
+        sampled_tokens=loop.sampled_tokens, prefills=stats.prefills,
+        prefill_tokens=stats.prefill_tokens, injected_tokens=stats.injected_tokens,
+        resumed_in_place=stats.resumed_in_place, evictions=stats.evictions,
+        extend_positions=_extend_positions(stats.injection_widths, cfg),
         wall_time_s=time.perf_counter() - start)
     metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
+
+
+def _extend_positions(widths: Sequence[int], cfg: RolloutConfig) -> int:
+    """Token positions the sampler's injection writes computed: each host call that writes
+    extends every slot by the smallest width that fits its longest injection, or by chunks of
+    the largest width (see sampling.run_slots)."""
+    buckets = sorted(min(b, cfg.max_context) for b in
+                     (cfg.injection_buckets or sampling.default_buckets(cfg.max_context)))
+    positions = 0
+    for width in filter(None, widths):
+        fitting = [b for b in buckets if b >= width]
+        positions += fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
+    return cfg.slots * positions
 
 
 def _stop_ids(chat) -> dict[int, int]:
@@ -224,9 +250,9 @@ class _Engine:
             self._finish(agent, MAX_CONTEXT)
 
     # ----------------------------------------------------------------------- the host callback
-    def on_turns(self, turns: Sequence[Turn]) -> dict[int, Continue | None]:
+    def on_turns(self, turns: Sequence[Turn]) -> dict[int, Decision]:
         """Reads every stopped agent's turn, runs all their tool calls at once, answers each."""
-        plans: dict[int, list[_Call] | Continue | None] = {}
+        plans: dict[int, list[_Call] | Decision] = {}
         for turn in turns:
             agent = self.agents[turn.seq_id]
             plans[turn.seq_id] = self._guard(agent, self._read_turn, agent, turn)
@@ -251,7 +277,7 @@ class _Engine:
                 self._finish(agent, ERROR)
             return RELEASE
 
-    def _read_turn(self, agent: _Agent, turn: Turn) -> list[_Call] | Continue | None:
+    def _read_turn(self, agent: _Agent, turn: Turn) -> list[_Call] | Decision:
         """Records the sampled turn; returns its tool calls to run, or what the slot does next."""
         record = agent.record
         record.append(turn.tokens, trainable=True, logprobs=turn.logprobs)
@@ -277,10 +303,12 @@ class _Engine:
 
     def _parse_calls(self, agent: _Agent, text: str) -> list[_Call]:
         turn = agent.record.num_turns - 1
-        if agent.record.role == PLANNER and self.cfg.max_worker_calls_per_turn > 1:
-            blocks = _split_tool_calls(text)  # parallel subagent calls, each parsed on its own
+        if agent.record.role == PLANNER:
+            # A planner may delegate in parallel: each call is parsed on its own, and those past
+            # max_worker_calls_per_turn are refused (not run) in _answer_calls.
+            blocks = _split_tool_calls(text)
         else:
-            blocks = [text]
+            blocks = [text]  # search/open: exactly one call per turn (else malformed)
         calls = []
         for block in blocks:
             try:
@@ -310,7 +338,7 @@ class _Engine:
             call.record.error = text
         call.response = text[:self.cfg.tool_response_max_chars]
 
-    def _answer_calls(self, agent: _Agent, calls: list[_Call]) -> Continue | None:
+    def _answer_calls(self, agent: _Agent, calls: list[_Call]) -> Decision:
         """After the tools ran: spawn workers for subagent calls, else answer in place."""
         agent.responses = [c.response for c in calls]
         launched = 0
@@ -327,10 +355,10 @@ class _Engine:
             launched += 1
             self._spawn_worker(agent, call.call.arguments["subtask"], index)
         if launched:
-            # The planner waits off-slot; it is re-admitted when the last report is in (which
-            # may be now, if no worker could even start).
+            # The planner waits; the scheduler lends its slot to others if they need it. It is
+            # re-admitted when the last report is in (now, if no worker could even start).
             self._maybe_resume(agent)
-            return RELEASE
+            return RELEASE if agent.finished else PARK
         return self._continue(agent, self.chat.tool_response_ids(agent.responses))
 
     # ----------------------------------------------------------------------- turn transitions
@@ -338,14 +366,14 @@ class _Engine:
         budget = self.cfg.max_context if agent.in_summary else agent.budget
         return len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens <= budget
 
-    def _continue(self, agent: _Agent, ids: list[int]) -> Continue | None:
+    def _continue(self, agent: _Agent, ids: list[int]) -> Decision:
         """Appends a non-trainable block in place and lets the agent take another turn."""
         if not self._fits(agent, len(ids)):
             return self._stop(agent, MAX_CONTEXT)
         agent.record.append(ids, trainable=False)
         return Continue(ids)
 
-    def _stop(self, agent: _Agent, reason: str) -> Continue | None:
+    def _stop(self, agent: _Agent, reason: str) -> Decision:
         """The agent's tool loop is over. A worker then writes its final summary."""
         record = agent.record
         if record.role == WORKER and self.cfg.final_summary and record.num_turns > 0:
@@ -358,7 +386,7 @@ class _Engine:
                 return Continue(ids)
         return self._finish(agent, reason)
 
-    def _finish(self, agent: _Agent, reason: str) -> None:
+    def _finish(self, agent: _Agent, reason: str) -> Decision:
         """Ends the rollout; a worker hands its report to its planner."""
         record = agent.record
         record.finish_reason = reason
@@ -374,7 +402,7 @@ class _Engine:
         return RELEASE
 
     def _maybe_resume(self, planner: _Agent) -> None:
-        """Re-admits a planner whose workers have all reported, its whole context re-prefilled."""
+        """Re-admits a planner whose workers have all reported, with their reports appended."""
         if planner.response_of_worker or planner.finished or None in planner.responses:
             return
         ids = self.chat.tool_response_ids(planner.responses)

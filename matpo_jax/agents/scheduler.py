@@ -2,14 +2,20 @@
 
 The sampler's loop (`sampling.run_slots`) owns B decode slots and calls the host whenever slots
 stop. This host knows nothing about agents or tools. It hands every stopped sequence's turn to
-`on_turns`, which answers per sequence either `Continue(tokens)` (append these non-trainable tokens
-in place and decode on) or `RELEASE` (the sequence leaves its slot: finished, or suspended with its
-tokens kept on the host). Sequences waiting for a slot (new ones, or suspended ones coming back)
-are queued with `admit(seq_id, context)`; a free slot takes them by resetting its cache and
-prefilling the whole context. So a planner waiting on its workers holds no slot.
+`on_turns`, which answers per sequence:
+- `Continue(tokens)`: append these (non-trainable) tokens in place and decode on;
+- `RELEASE`: the sequence is finished and leaves its slot;
+- `PARK`: the sequence waits (a planner on its workers). It stops decoding, and its tokens are
+  kept on the host. Its slot keeps the KV cache only while nobody else needs the slot: a waiting
+  sequence with no free slot evicts a parked one. So no sequence ever waits behind a parked one.
+
+Waiting sequences (new ones, parked ones whose wait is over) are queued with
+`admit(seq_id, context)`, `context` being the sequence's whole token list. A parked sequence still
+in its slot resumes in place (only the new suffix is written); any other takes a free slot, which
+is reset and prefilled with the whole context.
 
 `mix_roles=False` is the baseline the benchmark compares against: sequences of one group (role)
-run at a time, and the next group starts only when the current one has drained its slots.
+decode at a time, and the next group starts only when the current one has no active slot left.
 """
 from __future__ import annotations
 
@@ -41,24 +47,30 @@ class Continue:
     tokens: list[int]
 
 
-RELEASE = None  # the sequence leaves its slot
+class _Signal:
+    def __init__(self, name: str):
+        self.name = name
 
-TurnHandler = Callable[[Sequence[Turn]], "dict[int, Continue | None]"]
+    def __repr__(self) -> str:
+        return self.name
+
+
+RELEASE = _Signal("RELEASE")  # finished: the slot is free
+PARK = _Signal("PARK")  # waiting: the slot keeps its cache until someone needs it
+
+Decision = Continue | _Signal
+TurnHandler = Callable[[Sequence[Turn]], "dict[int, Decision]"]
 
 
 @dataclasses.dataclass
 class SchedulerStats:
     host_calls: int = 0
-    sampled_tokens: int = 0  # busy slot-steps: every active slot samples one token per step
-    decode_steps: int = 0  # loop iterations, reconstructed from turn lengths
-    prefill_tokens: int = 0  # tokens written by admissions (first prompts and re-prefills)
-    injected_tokens: int = 0  # tokens appended in place (tool responses, headers...)
-    admissions: int = 0
-    releases: int = 0
-
-    def utilisation(self, num_slots: int) -> float:
-        total = num_slots * self.decode_steps
-        return self.sampled_tokens / total if total else 0.0
+    prefills: int = 0  # admissions into a reset slot (first prompts and re-prefills)
+    prefill_tokens: int = 0  # tokens those admissions wrote
+    injected_tokens: int = 0  # tokens appended in place (tool responses, resumed contexts...)
+    resumed_in_place: int = 0  # parked sequences that found their cache still in their slot
+    evictions: int = 0  # parked sequences whose slot was given to a waiting one
+    injection_widths: list[int] = dataclasses.field(default_factory=list)  # longest, per call
 
 
 @dataclasses.dataclass(order=True)
@@ -68,6 +80,18 @@ class _Waiting:
     seq_id: int = dataclasses.field(compare=False)
     context: list[int] = dataclasses.field(compare=False)
     group: Hashable = dataclasses.field(compare=False)
+
+
+@dataclasses.dataclass
+class _Slot:
+    seq_id: int | None = None
+    parked: bool = False
+    cached: int = 0  # tokens of seq_id in this slot's KV cache (valid while parked)
+    parked_at: int = 0  # host call at which it parked (the oldest is evicted first)
+
+    @property
+    def active(self) -> bool:
+        return self.seq_id is not None and not self.parked
 
 
 class SlotScheduler:
@@ -80,19 +104,16 @@ class SlotScheduler:
         self.on_turns = on_turns
         self.mix_roles = mix_roles
         self.group_order = list(group_order)
-        self.slot_seq: list[int | None] = [None] * num_slots
+        self.slots = [_Slot() for _ in range(num_slots)]
         self._waiting: list[_Waiting] = []
         self._arrivals = itertools.count()
-        self._phase: Hashable = None  # the group allowed to run (mix_roles=False only)
-        # Decode-step clock: a slot that (re)starts a turn at step t and stops after n sampled
-        # tokens stops at step t + n, so the clock follows from the events alone.
-        self._turn_start = np.zeros(num_slots, np.int64)
+        self._phase: Hashable = None  # the group allowed to decode (mix_roles=False only)
         self.stats = SchedulerStats()
 
     # -- queue -------------------------------------------------------------------------------
     def admit(self, seq_id: int, context: Sequence[int], group: Hashable = None,
               priority: int = 0) -> None:
-        """Queues a sequence for a free slot; it will be prefilled with `context` (its whole cache)."""
+        """Queues a sequence to decode on from `context` (its whole token list)."""
         if len(context) > self.injection_len:
             raise ValueError(f"sequence {seq_id}: context of {len(context)} tokens exceeds the "
                              f"injection buffer ({self.injection_len})")
@@ -106,91 +127,104 @@ class SlotScheduler:
         return len(self._waiting)
 
     @property
-    def num_busy(self) -> int:
-        return sum(s is not None for s in self.slot_seq)
+    def slot_seq(self) -> list[int | None]:
+        """The sequence whose tokens each slot holds (decoding or parked)."""
+        return [s.seq_id for s in self.slots]
+
+    @property
+    def num_active(self) -> int:
+        return sum(s.active for s in self.slots)
 
     # -- host protocol -----------------------------------------------------------------------
     def __call__(self, events: sampling.SlotEvents) -> sampling.SlotInjection:
         self.stats.host_calls += 1
         writes: dict[int, list[int]] = {}  # slot -> tokens to append
-        turns, slot_of = self._collect_turns(events)
-        decisions = self.on_turns(turns) if turns else {}
-        for turn in turns:
-            slot = slot_of[turn.seq_id]
-            decision = decisions.get(turn.seq_id, RELEASE)
-            if decision is RELEASE:
-                self.slot_seq[slot] = None
-                self.stats.releases += 1
-            else:
-                writes[slot] = list(decision.tokens)
-                self.stats.injected_tokens += len(decision.tokens)
-                self._turn_start[slot] = self.stats.decode_steps
         reset = np.zeros(self.num_slots, bool)
-        for slot, context in self._fill_free_slots():
-            writes[slot] = context
-            reset[slot] = True
-            self.stats.prefill_tokens += len(context)
-            self._turn_start[slot] = self.stats.decode_steps
+        turns = self._collect_turns(events)
+        decisions = self.on_turns([turn for _, turn in turns]) if turns else {}
+        for index, turn in turns:
+            decision = decisions.get(turn.seq_id, RELEASE)
+            slot = self.slots[index]
+            if decision is RELEASE:
+                self.slots[index] = _Slot()
+            elif decision is PARK:
+                slot.parked, slot.cached = True, turn.cache_len
+                slot.parked_at = self.stats.host_calls
+            else:
+                writes[index] = list(decision.tokens)
+                self.stats.injected_tokens += len(decision.tokens)
+        for index, tokens, fresh in self._place_waiting():
+            writes[index] = tokens
+            reset[index] = fresh
+            if fresh:
+                self.stats.prefills += 1
+                self.stats.prefill_tokens += len(tokens)
+            else:
+                self.stats.resumed_in_place += 1
+                self.stats.injected_tokens += len(tokens)
+        return self._injection(writes, reset)
 
-        width = max([1] + [len(ids) for ids in writes.values()])
-        tokens = np.zeros((self.num_slots, width), np.int32)
-        num = np.zeros(self.num_slots, np.int32)
-        for slot, ids in writes.items():
-            if len(ids) > self.injection_len:
-                raise ValueError(f"slot {slot}: {len(ids)} tokens to inject exceed the injection "
-                                 f"buffer ({self.injection_len})")
-            tokens[slot, :len(ids)] = ids
-            num[slot] = len(ids)
-        active = np.array([seq is not None for seq in self.slot_seq])
-        return sampling.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
-                                      done=bool(not active.any()))
-
-    def _collect_turns(self, events) -> tuple[list[Turn], dict[int, int]]:
-        stopped = np.asarray(events.stopped, bool)
-        turn_len = np.asarray(events.turn_len)
-        turns, slot_of = [], {}
-        for slot in np.flatnonzero(stopped):
-            seq_id = self.slot_seq[slot]
-            if seq_id is None:  # an idle slot reported by the loop's first call
+    def _collect_turns(self, events) -> list[tuple[int, Turn]]:
+        turns = []
+        for index in np.flatnonzero(np.asarray(events.stopped, bool)):
+            slot = self.slots[index]
+            if not slot.active:  # an idle slot reported by the loop's first call
                 continue
-            n = int(turn_len[slot])
-            turns.append(Turn(
-                seq_id=seq_id,
-                tokens=[int(t) for t in np.asarray(events.turn_tokens)[slot, :n]],
-                logprobs=[float(x) for x in np.asarray(events.turn_logprobs)[slot, :n]],
-                stop_reason=int(np.asarray(events.stop_reason)[slot]),
-                cache_len=int(np.asarray(events.cache_len)[slot])))
-            slot_of[seq_id] = int(slot)
-            self.stats.sampled_tokens += n
-            self.stats.decode_steps = max(self.stats.decode_steps,
-                                          int(self._turn_start[slot]) + n)
-        return turns, slot_of
+            tokens, logprobs = events.turn(int(index))
+            turns.append((int(index), Turn(
+                seq_id=slot.seq_id, tokens=[int(t) for t in tokens],
+                logprobs=[float(x) for x in logprobs],
+                stop_reason=int(events.stop_reason[index]),
+                cache_len=int(events.cache_len[index]))))
+        return turns
 
-    def _fill_free_slots(self) -> list[tuple[int, list[int]]]:
-        """Moves waiting sequences into free slots; returns (slot, context to prefill) pairs."""
+    def _place_waiting(self) -> list[tuple[int, list[int], bool]]:
+        """Gives waiting sequences somewhere to decode: in place if still parked in a slot, else
+        a free slot, else the slot of the longest-parked sequence that is not itself waiting.
+        Returns (slot, tokens to write, whether the slot is reset first)."""
         if not self.mix_roles:
             self._advance_phase()
-        filled, skipped = [], []
-        free = [s for s, seq in enumerate(self.slot_seq) if seq is None]
-        while free and self._waiting:
+        parked_in = {s.seq_id: i for i, s in enumerate(self.slots) if s.parked}
+        placed, deferred = [], []
+        while self._waiting:
             entry = heapq.heappop(self._waiting)
             if not self.mix_roles and entry.group != self._phase:
-                skipped.append(entry)
+                deferred.append(entry)
                 continue
-            slot = free.pop(0)
-            self.slot_seq[slot] = entry.seq_id
-            self.stats.admissions += 1
-            filled.append((slot, entry.context))
-        for entry in skipped:
+            index = parked_in.pop(entry.seq_id, None)
+            if index is not None:  # its cache is still there: write only what is new
+                slot = self.slots[index]
+                slot.parked = False
+                placed.append((index, entry.context[slot.cached:], False))
+                continue
+            index = self._free_slot(waiting={e.seq_id for e in self._waiting})
+            if index is None:
+                deferred.append(entry)
+                break
+            self.slots[index] = _Slot(seq_id=entry.seq_id)
+            placed.append((index, entry.context, True))
+        for entry in deferred:
             heapq.heappush(self._waiting, entry)
-        return filled
+        return placed
+
+    def _free_slot(self, waiting: set[int]) -> int | None:
+        for index, slot in enumerate(self.slots):
+            if slot.seq_id is None:
+                return index
+        parked = [(s.parked_at, i) for i, s in enumerate(self.slots)
+                  if s.parked and s.seq_id not in waiting]
+        if not parked:
+            return None
+        _, index = min(parked)
+        self.stats.evictions += 1  # its owner will be re-prefilled when it comes back
+        return index
 
     def _advance_phase(self) -> None:
-        """Baseline: switch to the next group with waiting sequences once all slots are free."""
-        if self.num_busy or not self._waiting:
+        """Baseline: switch to the next group with waiting sequences once no slot decodes."""
+        if self.num_active or not self._waiting:
             return
         waiting_groups = {entry.group for entry in self._waiting}
-        if self._phase in waiting_groups and self._phase is not None:
+        if self._phase is not None and self._phase in waiting_groups:
             return
         order = self.group_order
         start = order.index(self._phase) + 1 if self._phase in order else 0
@@ -199,3 +233,21 @@ class SlotScheduler:
             if group in waiting_groups:
                 self._phase = group
                 return
+
+    def _injection(self, writes: dict[int, list[int]], reset: np.ndarray):
+        width = max([0] + [len(ids) for ids in writes.values()])
+        self.stats.injection_widths.append(width)
+        width = max(width, 1)
+        tokens = np.zeros((self.num_slots, width), np.int32)
+        num = np.zeros(self.num_slots, np.int32)
+        for index, ids in writes.items():
+            if len(ids) > self.injection_len:
+                raise ValueError(f"slot {index}: {len(ids)} tokens to inject exceed the "
+                                 f"injection buffer ({self.injection_len})")
+            tokens[index, :len(ids)] = ids
+            num[index] = len(ids)
+        active = np.array([s.active for s in self.slots])
+        if not active.any() and self._waiting:
+            raise RuntimeError(f"{len(self._waiting)} sequences wait but none can be placed")
+        return sampling.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
+                                      done=bool(not active.any()))

@@ -29,8 +29,8 @@ A = CORRECT: the predicted answer contains the gold answer's meaning and nothing
 it. Differences in capitalisation, punctuation, word order, spelling variants, units written \
 differently, or extra detail that is consistent with the gold answer are fine. A number must match \
 the gold number to the precision the gold answer gives.
-B = INCORRECT: the predicted answer contradicts the gold answer, names a different entity or value, \
-or hedges between several candidates of which at least one is wrong.
+B = INCORRECT: the predicted answer contradicts the gold answer, names a different entity or \
+value, or hedges between several candidates of which at least one is wrong.
 C = NOT_ATTEMPTED: the predicted answer is empty, says it does not know, or does not commit to any \
 answer, without contradicting the gold answer.
 
@@ -82,10 +82,13 @@ class JudgeStats:
 class LLMJudge:
     """Grades (question, gold, prediction) triples with a chat model."""
 
-    def __init__(self, config: JudgeConfig = JudgeConfig(), session: requests.Session | None = None):
+    def __init__(self, config: JudgeConfig = JudgeConfig(),
+                 session: requests.Session | None = None):
         self.config = config
         self._session = session or requests.Session()
         self._lock = threading.Lock()
+        # Caps requests in flight per judge, also when several threads call grade() directly.
+        self._slots = threading.BoundedSemaphore(config.max_concurrency)
         self.stats = JudgeStats()
 
     @property
@@ -104,10 +107,10 @@ class LLMJudge:
             setattr(self.stats, field, getattr(self.stats, field) + 1)
 
     def _post_once(self, payload: dict) -> str:
-        self._count("requests")
-        response = self._session.post(
-            self.url, json=payload, headers=self._headers(), timeout=self.config.timeout_s
-        )
+        with self._slots:
+            self._count("requests")
+            response = self._session.post(
+                self.url, json=payload, headers=self._headers(), timeout=self.config.timeout_s)
         if response.status_code == 429 or response.status_code >= 500:
             raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code != 200:  # 4xx other than 429: retrying will not help

@@ -134,14 +134,17 @@ def _loss_masks(seqs: Sequence[TrainSequence]) -> list[np.ndarray]:
     return masks
 
 
-def _layout(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: int, max_len: int,
-            loss_config: LossConfig) -> PackedBatch:
+def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: int, row_len: int,
+                max_len: int, loss_config: LossConfig) -> PackedBatch:
+    """The batch for a given assignment of sequences to rows (bins of indices into `seqs`)."""
     masks = _loss_masks(seqs)
+    # seq-mean-token-sum-norm divides by a CONSTANT: the configured max_len (the padded length),
+    # never the row length a particular batch happened to get.
     norm = loss_config.norm_constant if loss_config.norm_constant is not None else max_len
     weights = aggregation_weights(masks, [s.group_id for s in seqs], [s.role_id for s in seqs],
                                   loss_config.aggregation,
                                   seq_denominator=loss_config.seq_denominator, norm_constant=norm)
-    shape = (num_rows, max_len)
+    shape = (num_rows, row_len)
     batch = PackedBatch(
         tokens=np.zeros(shape, np.int32), positions=np.zeros(shape, np.int32),
         segment_ids=np.zeros(shape, np.int32), role_ids=np.zeros(shape, np.int32),
@@ -194,7 +197,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
     _check_lengths(seqs, max_len)
     lengths = [len(s) for s in seqs]
     candidates = [max_len]
-    if row_len_multiple:
+    if row_len_multiple and lengths:
         shortest = round_up(max(lengths), row_len_multiple)
         candidates = list(range(shortest, max_len + 1, row_len_multiple)) or [max_len]
     best = None
@@ -209,7 +212,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
         bins = first_fit_decreasing(lengths, max_len)
         _num_rows(len(bins), row_multiple, rows)
     num_rows, row_len, bins = best
-    return _layout(seqs, bins, num_rows, row_len, loss_config)
+    return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config)
 
 
 def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
@@ -218,4 +221,5 @@ def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: 
     """One sequence per row, right-padded: the baseline layout."""
     _check_lengths(seqs, max_len)
     bins = [[i] for i in range(len(seqs))]
-    return _layout(seqs, bins, _num_rows(len(bins), row_multiple, rows), max_len, loss_config)
+    return layout_bins(seqs, bins, _num_rows(len(bins), row_multiple, rows), max_len, max_len,
+                   loss_config)

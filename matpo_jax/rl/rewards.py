@@ -44,7 +44,7 @@ class RewardConfig:
 # ----------------------------------------------------------------------------- answer extraction
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the LAST `\\boxed{...}` in text, with nested braces balanced; None if none closes."""
+    """Content of the LAST `\\boxed{...}` in text (nested braces balanced); None if none closes."""
     answer = None
     start = text.find("\\boxed{")
     while start != -1:

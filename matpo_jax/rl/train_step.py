@@ -51,7 +51,8 @@ class OptimizerConfig:
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"OptimizerConfig.schedule={self.schedule!r}, expected one of {SCHEDULES}")
+            raise ValueError(f"OptimizerConfig.schedule={self.schedule!r}, "
+                             f"expected one of {SCHEDULES}")
 
 
 @dataclasses.dataclass(frozen=True)

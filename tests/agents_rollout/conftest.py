@@ -94,7 +94,7 @@ def policy(toolbox):
         return result.text
 
     fitted = scripted_policy([ADA, PAIR, MALFORMED], [TURING], run_tool, REPORT_MAX_CHARS)
-    assert fitted.margin >= 2.0, f"the scripted fit did not converge: margin {fitted.margin}"
+    assert fitted.margin >= 1.0, f"the scripted fit did not converge: margin {fitted.margin}"
     return fitted
 
 

@@ -65,10 +65,11 @@ def subagent_call(subtask: str) -> str:
     return format_tool_call("subagent", {"subtask": subtask})
 
 
-def worker_conversation(question: str, script: WorkerScript, run_tool: RunTool) -> list[dict]:
+def worker_conversation(question: str, script: WorkerScript, run_tool: RunTool,
+                        user_query_recap: bool = True) -> list[dict]:
     system = ChatFormat.system_prompt(prompts.WORKER_ROLE, [tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA])
-    messages = [{"role": "system", "content": system},
-                {"role": "user", "content": prompts.worker_recap(question, script.subtask)}]
+    task = prompts.worker_recap(question, script.subtask) if user_query_recap else script.subtask
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
     for name, arguments in script.calls:
         messages.append({"role": "assistant", "content": format_tool_call(name, arguments)})
         messages.append({"role": "tool", "content": run_tool(name, arguments)})
@@ -148,16 +149,26 @@ def _teacher_logprobs(graphdef, state, tokens):
 
 def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleScript],
                     run_tool: RunTool, report_max_chars: int, max_steps: int = 400,
-                    learning_rate: float = 1e-2, vocab_size: int = 1024) -> ScriptedPolicy:
-    """Fetches the real tool outputs, trains a tokenizer and fits a tiny model to the scripts."""
+                    learning_rate: float = 1e-2, vocab_size: int = 1024,
+                    user_query_recap: bool = True, think: str = "") -> ScriptedPolicy:
+    """Fetches the real tool outputs, trains a tokenizer and fits a tiny model to the scripts.
+
+    think: reasoning text (`<think>...</think>`) opening every worker tool-call turn, for
+    workloads whose tool loops decode long turns, as real reasoning models' do.
+    """
     conversations = {}
     for script in planners:
         conversations[f"planner:{script.question}"] = planner_conversation(script, report_max_chars)
         for worker in script.workers:
-            conversations[f"worker:{worker.subtask}"] = worker_conversation(script.question,
-                                                                            worker, run_tool)
+            conversations[f"worker:{worker.subtask}"] = worker_conversation(
+                script.question, worker, run_tool, user_query_recap)
     for script in singles:
         conversations[f"single:{script.question}"] = single_conversation(script, run_tool)
+    for key, conversation in conversations.items():
+        for message in conversation:
+            if (key.startswith("worker:") and message["role"] == "assistant"
+                    and "<tool_call>" in message["content"]):
+                message["content"] = think + message["content"]
     texts = [m["content"] for conv in conversations.values() for m in conv]
     chat = ChatFormat(train_tokenizer(texts * 4, vocab_size))
     model = tiny_model(len(chat.tokenizer))

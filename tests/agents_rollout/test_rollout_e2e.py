@@ -138,8 +138,11 @@ def test_metrics(batch):
     assert 0.0 < m["slot_utilisation"] <= 1.0
     assert m["slot_utilisation"] == pytest.approx(sampled / (3 * m["decode_steps"]))
     assert m["wall_time_s"] > 0 and m["rollouts_per_s"] > 0
-    # Planners that waited for workers were re-prefilled: admissions wrote more than the prompts.
-    prompts_total = sum(next(i for i, t in enumerate(r.trainable) if t) for r in batch.rollouts)
+    # 4 planner resumptions: each either found its cache in its slot, or (its slot lent to a
+    # worker meanwhile) was re-prefilled, on top of the 10 first admissions.
+    assert m["resumed_in_place"] + (m["prefills"] - 10) == 4
+    assert m["evictions"] == m["prefills"] - 10 > 0  # 3 slots for 4 planners and their workers
+    prompts_total = sum(r.trainable.index(True) for r in batch.rollouts)
     assert m["prefill_tokens"] > prompts_total
 
 

@@ -82,5 +82,6 @@ def rollout_batch():
 
 @pytest.fixture(scope="session")
 def rollout_factory():
-    """Factory: make_rollout(rollout_id, role, query_index, sample_index, parent_id, pieces, rng)."""
+    """Factory: make_rollout(rollout_id, role, query_index, sample_index, parent_id, pieces,
+    rng)."""
     return make_rollout

@@ -33,8 +33,8 @@ def test_workers_inherit_their_parents_scalar_advantage(rollout_batch):
     assert workers and set(adv) == {r.rollout_id for r in rollouts}
     for q in range(3):  # planners of a query: exactly the GRPO vector of their rewards
         group = [p for p in planners if p.query_index == q]
-        np.testing.assert_allclose([adv[p.rollout_id] for p in group],
-                                   advantages.group_advantages([reward[p.rollout_id] for p in group]))
+        expected = advantages.group_advantages([reward[p.rollout_id] for p in group])
+        np.testing.assert_allclose([adv[p.rollout_id] for p in group], expected)
     for w in workers:
         assert adv[w.rollout_id] == adv[w.parent_id]
 

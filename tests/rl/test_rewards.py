@@ -26,8 +26,8 @@ def _call(valid):
 
 
 def test_answer_comes_only_from_the_planners_own_turns():
-    planner = Rollout(0, PLANNER, 0, 0, None, assistant_texts=["\\boxed{Rome}", "final \\boxed{Paris}",
-                                                              "thanks, done"])
+    planner = Rollout(0, PLANNER, 0, 0, None,
+                      assistant_texts=["\\boxed{Rome}", "final \\boxed{Paris}", "thanks, done"])
     # The worker's report and its own turns contain a (wrong) boxed answer; it must not count.
     worker = Rollout(1, WORKER, 0, 0, 0, assistant_texts=["\\boxed{Berlin}"],
                      report="the answer is \\boxed{Berlin}")

@@ -6,9 +6,10 @@ from matpo_jax.sampling import STOP_TURN_CAP, Sampling, generate, run_slots
 GREEDY = Sampling(greedy=True, max_turn_tokens=MAX_TURN)
 
 
-def test_greedy_generate_matches_full_recompute_for_ragged_prompts(split_model, greedy_reference):
+def test_greedy_generate_matches_full_recompute_for_ragged_queued_prompts(split_model, greedy_reference):
     graphdef, state = split_model
-    prompts = [[3], [5, 17, 2, 40, 9], list(range(20, 33))]  # lengths 1, 5, 13 share one batch
+    # Ragged lengths share the batch; five prompts over three slots also queue through generate.
+    prompts = [[3], [5, 17, 2, 40, 9], list(range(20, 33)), [81, 82], list(range(40, 50))]
     tokens, _ = generate(state, graphdef, prompts, MAX_TURN, GREEDY, slots=SLOTS, max_len=MAX_LEN)
     for prompt, sampled in zip(prompts, tokens):
         assert sampled.tolist() == greedy_reference(prompt, MAX_TURN)
@@ -27,3 +28,18 @@ def test_greedy_after_injected_tool_response_matches_full_recompute(
         second_turn = greedy_reference(prompt + first_turn + chunk, MAX_TURN)
         assert host.tokens[index] == prompt + first_turn + chunk + second_turn
         assert host.stop_reasons[index] == [STOP_TURN_CAP, STOP_TURN_CAP]
+
+
+def test_long_injections_written_in_chunks_match_full_recompute(
+        split_model, greedy_reference, scripted_host):
+    # Widths (4, 16): a 3-token prompt takes the 4-wide extend, the 25-token prompt and the
+    # 20-token tool response go through the loop of 16-wide chunks (ragged across rows).
+    graphdef, state = split_model
+    prompts = [list(range(30, 55)), [1, 2, 3], list(range(60, 77))]
+    chunk = list(range(5, 25))
+    host = scripted_host(prompts, SLOTS, chunk=chunk, turns=2)
+    run_slots(state, graphdef, host, slots=SLOTS, max_len=MAX_LEN, sampling=GREEDY, buckets=(4, 16))
+    for index, prompt in enumerate(prompts):
+        first_turn = greedy_reference(prompt, MAX_TURN)
+        second_turn = greedy_reference(prompt + first_turn + chunk, MAX_TURN)
+        assert host.tokens[index] == prompt + first_turn + chunk + second_turn
