@@ -135,7 +135,8 @@ def summarise(runs, batch, fit_s: float, total_s: float) -> dict:
             "resumed_in_place")}
     return {
         "benchmark": "rollout: shared planner+worker decode batch vs roles one after another",
-        "speedup_rollouts_per_s": arms["mixed"]["rollouts_per_s"] / arms["phased"]["rollouts_per_s"],
+        "speedup_rollouts_per_s": (arms["mixed"]["rollouts_per_s"]
+                                   / arms["phased"]["rollouts_per_s"]),
         "arms": arms,
         "batch": {"questions": len(PLANNERS), "group_size": CONFIG.group_size,
                   "planner_rollouts": batch.metrics["num_top_level"],

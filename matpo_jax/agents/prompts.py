@@ -14,16 +14,15 @@ from matpo_jax.tokenizer import ChatFormat, strip_think
 from matpo_jax.tokenizer_training import CONTROL_TOKENS
 
 PLANNER_ROLE = (
-    "You are a planner. Split the question into simple sub-tasks and give each one to a worker with "
-    "the subagent tool, one call per turn. Workers search and report back. Answer from their reports."
+    "You are a planner. Give each simple sub-task to a worker with the subagent tool, one call per "
+    "turn, then answer from their reports."
 )
 WORKER_ROLE = (
-    "You are a worker. Solve the sub-task you are given with the search and open tools, "
-    "one call per turn. Stop when you have the fact."
+    "You are a worker. Solve your sub-task with the search and open tools, one call per turn."
 )
 SINGLE_ROLE = (
-    "You are a research assistant. Find the facts you need with the search and open tools, "
-    "one call per turn, then answer."
+    "You are a researcher. Find the facts with the search and open tools, one call per turn, "
+    "then answer."
 )
 ROLE_TEXT = {PLANNER: PLANNER_ROLE, WORKER: WORKER_ROLE, SINGLE: SINGLE_ROLE}
 # Workers cannot spawn workers; the single agent gets the workers' tools directly.
@@ -36,8 +35,7 @@ ROLE_TOOLS = {
 QUESTION_INSTRUCTION = "Give the final answer inside \\boxed{}."
 
 FINAL_SUMMARY_INSTRUCTION = (
-    "Stop now and do not call tools. Write a short report for the planner: the conclusion, "
-    "the supporting facts, and the sources (document ids)."
+    "Stop and do not call tools. Write a short report: the conclusion, the facts and the sources."
 )
 
 EMPTY_REPORT = "(the worker returned no report)"
@@ -61,7 +59,7 @@ def worker_recap(main_task: str, subtask: str) -> str:
     return (
         f"The main task is: {main_task.strip()}\n"
         f"Your subtask: {subtask.strip()}\n"
-        "Focus on your subtask only and report what you find back to the planner."
+        "Do only your subtask and report what you find."
     )
 
 

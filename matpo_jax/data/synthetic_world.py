@@ -31,7 +31,9 @@ PERSON, ORG, PLACE, WORK = "person", "org", "place", "work"
 ENTITY_TYPES = (PERSON, ORG, PLACE, WORK)
 SPLITS = ("train", "validation", "test")
 NUMBER = "number"  # object type of attribute relations (years, populations)
-DOC_ID_PATTERN = r"\bd\d{5,}\b"  # page ids "d00042": findable in any tool-output format
+# Page ids "d42": findable in any tool-output format, and short (no zero padding) so that a tiny
+# model copies a few distinct digit tokens, not a run of look-alike zeros.
+DOC_ID_PATTERN = r"\bd\d+\b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,7 +367,7 @@ def _write_pages(rng, noise_rng, entities, noise, second_page_rate, max_noise_se
         num_pages = 2 if (len(phrases) >= 2 and rng.random() < second_page_rate) else 1
         cut = int(rng.integers(1, len(phrases))) if num_pages == 2 else len(phrases)
         for page, page_phrases in enumerate((phrases[:cut], phrases[cut:])[:num_pages]):
-            doc_id = f"d{len(documents):05d}"
+            doc_id = f"d{len(documents)}"
             sentences = [f"{entity.name} is {entity.kind}." if page == 0
                          else f"More about {entity.name}, {entity.kind}."]
             body = []

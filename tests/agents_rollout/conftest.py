@@ -10,6 +10,7 @@ import json
 import socket
 
 import jax
+import numpy as np
 import pytest
 
 from matpo_jax.agents import tools
@@ -34,7 +35,8 @@ PAIR = PlannerScript(  # two subagent calls in one turn
     workers=(
         WorkerScript(subtask="Find where Alan Turing was born.",
                      calls=(("search", {"query": "Alan Turing born"}),),
-                     answer="Maida Vale.", summary="Alan Turing was born in Maida Vale. Source: d2."),
+                     answer="Maida Vale.",
+                     summary="Alan Turing was born in Maida Vale. Source: d2."),
         WorkerScript(subtask="Find where Grace Hopper was born.",
                      calls=(("search", {"query": "Grace Hopper born"}),),
                      answer="New York.", summary="Grace Hopper was born in New York. Source: d3."),
@@ -108,3 +110,18 @@ def rollout(policy, toolbox):
                             jax.random.key(0))
 
     return run
+
+
+def assert_masks_and_logprobs(policy, rollouts):
+    """Trainable tokens are exactly the sampled ones, and their log-probs are the model's."""
+    teacher = policy.teacher_logprobs([r.tokens for r in rollouts], BASE.max_context)
+    for rollout, row in zip(rollouts, teacher):
+        assert len(rollout.tokens) == len(rollout.trainable) == len(rollout.logprobs)
+        trainable = np.array(rollout.trainable)
+        logprobs = np.array(rollout.logprobs)
+        assert np.all(logprobs[~trainable] == 0.0)
+        sampled = [t for t, m in zip(rollout.tokens, rollout.trainable) if m]
+        assert policy.chat.decode(sampled) == "".join(rollout.assistant_texts)
+        positions = np.flatnonzero(trainable)
+        assert positions.min() > 0  # every sampled token follows a prompt
+        np.testing.assert_allclose(logprobs[positions], row[positions - 1], atol=2e-3)

@@ -1,4 +1,4 @@
-"""A tiny Qwen3 that has memorised scripted planner/worker dialogues, for rollout tests and benchmarks.
+"""A tiny Qwen3 that has memorised scripted planner/worker dialogues (rollout tests, benchmarks).
 
 Each script is a scripted conversation per role. Tool outputs in the scripts are the REAL outputs
 of the toolbox (fetched before fitting), and worker reports are produced by the same cleaning as

@@ -7,33 +7,17 @@ teacher-forced forward pass), links between planners and workers, and the metric
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from matpo_jax.agents import prompts
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 
-from conftest import ADA, BASE, PAIR, REPORT_MAX_CHARS, TURING
+from conftest import ADA, PAIR, REPORT_MAX_CHARS, TURING, assert_masks_and_logprobs
 
 
 def contains(haystack, needle) -> bool:
     n = len(needle)
     return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
-
-
-def assert_masks_and_logprobs(policy, rollouts):
-    """Trainable tokens are exactly the sampled ones, and their log-probs are the model's."""
-    teacher = policy.teacher_logprobs([r.tokens for r in rollouts], BASE.max_context)
-    for rollout, row in zip(rollouts, teacher):
-        assert len(rollout.tokens) == len(rollout.trainable) == len(rollout.logprobs)
-        trainable = np.array(rollout.trainable)
-        logprobs = np.array(rollout.logprobs)
-        assert np.all(logprobs[~trainable] == 0.0)
-        sampled = [t for t, m in zip(rollout.tokens, rollout.trainable) if m]
-        assert sampled == [t for text in rollout.assistant_texts for t in policy.chat.encode(text)]
-        positions = np.flatnonzero(trainable)
-        assert positions.min() > 0  # every sampled token follows a prompt
-        np.testing.assert_allclose(logprobs[positions], row[positions - 1], atol=2e-3)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from matpo_jax.agents.rollout import FINISH_REASONS, RolloutConfig, RolloutConfi
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, SlotScheduler
 from matpo_jax.agents.trajectory import PLANNER, WORKER
 
-from conftest import ADA, BASE, MALFORMED, PAIR, REPORT_MAX_CHARS
+from conftest import ADA, BASE, MALFORMED, PAIR, REPORT_MAX_CHARS, assert_masks_and_logprobs
 
 
 def block_at(tokens, block) -> int:
@@ -139,6 +139,21 @@ def test_search_server_down_is_an_error_text_in_context(policy, rollout, dead_to
     assert failures >= 1 and batch.metrics["tool_failures"] == failures
     assert batch.metrics["worker/tool_failures"] == failures
     assert all(r.report for r in batch.by_role(WORKER))  # every worker still reported
+
+
+def test_sampled_rollouts_keep_every_invariant(policy, rollout):
+    # Temperature 1: the policy strays from its scripts (odd calls, cut-off turns, unknown
+    # contexts), and every trajectory must still be exact and every rollout end with a reason.
+    batch = rollout([ADA.question, PAIR.question, MALFORMED.question], group_size=3,
+                    temperature=1.0)
+    assert_well_formed(batch)
+    assert_masks_and_logprobs(policy, batch.rollouts)
+    planners = batch.by_role(PLANNER)
+    assert [(p.query_index, p.sample_index) for p in planners] == [
+        (q, g) for q in range(3) for g in range(3)]
+    for worker in batch.by_role(WORKER):
+        assert worker.rollout_id in batch.rollouts[worker.parent_id].child_ids
+        assert worker.report is not None and len(worker.report) <= REPORT_MAX_CHARS
 
 
 def test_config_errors_name_the_field():

@@ -1,6 +1,6 @@
 """Shared pieces for the sampler tests: one tiny GQA Qwen3, a full-forward reference, and fixed
 loop shapes so every test file reuses the same few compilations of the slot loop."""
-import functools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -9,11 +9,29 @@ import pytest
 from flax import nnx
 
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.sampling import Sampling, SlotInjection
 
-SLOTS = 3
 MAX_LEN = 64  # cache length of every slot-loop test
-MAX_TURN = 8
 VOCAB = 96
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopShapes:
+    """The static shapes every slot-loop test uses (test modules must not import conftest)."""
+
+    slots: int = 3
+    max_len: int = MAX_LEN
+    max_turn: int = 8
+
+
+@pytest.fixture(scope="session")
+def shapes():
+    return LoopShapes()
+
+
+@pytest.fixture(scope="session")
+def greedy(shapes):
+    return Sampling(greedy=True, max_turn_tokens=shapes.max_turn)
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +101,6 @@ class ScriptedToolHost:
         self.log = []  # (call, slot, seq, stop_reason, turn_len, cache_len)
 
     def __call__(self, events):
-        from matpo_jax.sampling import SlotInjection
         slots = len(self.slot_seq)
         injection = SlotInjection.nothing(slots, MAX_LEN)
         for slot in range(slots):

@@ -3,14 +3,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import MAX_LEN, MAX_TURN, SLOTS
 
 from matpo_jax.sampling import Sampling, run_slots
 from matpo_jax.sampling_ops import (SamplingConfigError, sample_tokens, truncate_top_k,
                                     truncate_top_p)
 
 TEMPERATURE, TOP_P = 0.7, 0.8
-SAMPLED = Sampling(temperature=TEMPERATURE, top_p=TOP_P, max_turn_tokens=MAX_TURN)
 PROMPTS = [[4, 4, 1], [60, 2, 33, 12, 5, 8, 19], [11], [90, 91]]
 
 
@@ -19,20 +17,26 @@ def log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def sample_rollouts(split_model, scripted_host, seed):
+@pytest.fixture(scope="module")
+def sample_rollouts(split_model, scripted_host, shapes):
+    """seed -> the scripted host after two sampled turns per prompt (a tool chunk in between)."""
     graphdef, state = split_model
-    host = scripted_host(PROMPTS, SLOTS, turns=2)
-    run_slots(state, graphdef, host, slots=SLOTS, max_len=MAX_LEN, sampling=SAMPLED,
-              rng=jax.random.key(seed))
-    return host
+    sampling = Sampling(temperature=TEMPERATURE, top_p=TOP_P, max_turn_tokens=shapes.max_turn)
+
+    def sample(seed):
+        host = scripted_host(PROMPTS, shapes.slots, turns=2)
+        run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len,
+                  sampling=sampling, rng=jax.random.key(seed))
+        return host
+    return sample
 
 
 @pytest.fixture(scope="module")
-def rollouts(split_model, scripted_host):
-    return sample_rollouts(split_model, scripted_host, seed=0)
+def rollouts(sample_rollouts):
+    return sample_rollouts(0)
 
 
-def test_logprobs_equal_full_forward_scaled_log_softmax(rollouts, full_logits):
+def test_logprobs_equal_full_forward_scaled_log_softmax(rollouts, full_logits, shapes):
     checked = 0
     for tokens, trainable, logprobs in zip(rollouts.tokens, rollouts.trainable, rollouts.logprobs):
         reference = log_softmax(full_logits(tokens) / TEMPERATURE)
@@ -40,7 +44,7 @@ def test_logprobs_equal_full_forward_scaled_log_softmax(rollouts, full_logits):
             # Position i's token was predicted by the logits at i - 1.
             assert abs(logprobs[i] - reference[i - 1, tokens[i]]) < 1e-4, (i, tokens)
             checked += 1
-    assert checked == len(PROMPTS) * 2 * MAX_TURN
+    assert checked == len(PROMPTS) * 2 * shapes.max_turn
 
 
 def test_sampled_tokens_lie_in_the_top_p_nucleus(rollouts, full_logits):
@@ -55,9 +59,8 @@ def test_sampled_tokens_lie_in_the_top_p_nucleus(rollouts, full_logits):
     assert outside_greedy > 0  # it really sampled, not argmax
 
 
-def test_same_key_same_tokens_other_key_other_tokens(rollouts, split_model, scripted_host):
-    again = sample_rollouts(split_model, scripted_host, seed=0)
-    other = sample_rollouts(split_model, scripted_host, seed=1)
+def test_same_key_same_tokens_other_key_other_tokens(rollouts, sample_rollouts):
+    again, other = sample_rollouts(0), sample_rollouts(1)
     assert again.tokens == rollouts.tokens
     assert other.tokens != rollouts.tokens
 

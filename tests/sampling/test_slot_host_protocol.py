@@ -3,47 +3,50 @@ import types
 
 import numpy as np
 import pytest
-from conftest import MAX_LEN, MAX_TURN, SLOTS
 
 from matpo_jax.sampling import (STOP_CACHE_FULL, STOP_EOS, STOP_IM_END, STOP_TOOL_CALL,
                                 STOP_TURN_CAP, Sampling, SlotInjection, SlotProtocolError,
                                 chat_stop_ids, generate, run_slots)
 
-GREEDY = Sampling(greedy=True, max_turn_tokens=MAX_TURN)
 
-
-def run(split_model, host, sampling=GREEDY, **kwargs):
+@pytest.fixture
+def run(split_model, shapes, greedy):
+    """run_slots on the tiny model with the shared shapes (greedy unless told otherwise)."""
     graphdef, state = split_model
-    return run_slots(state, graphdef, host, slots=SLOTS, max_len=MAX_LEN, sampling=sampling,
-                     **kwargs)
+
+    def run_host(host, sampling=greedy, **kwargs):
+        return run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len,
+                         sampling=sampling, **kwargs)
+    return run_host
 
 
-def test_more_sequences_than_slots_reuse_freed_slots(split_model, scripted_host):
+def test_more_sequences_than_slots_reuse_freed_slots(run, scripted_host, shapes):
     prompts = [[i + 1] * (i % 4 + 1) for i in range(7)]
-    host = scripted_host(prompts, SLOTS, chunk=[7, 8, 9], turns=2)
-    stats = run(split_model, host)
+    host = scripted_host(prompts, shapes.slots, chunk=[7, 8, 9], turns=2)
+    stats = run(host)
     assert not stats.hit_limit
     assert stats.host_calls == host.calls
-    assert stats.sampled_tokens == len(prompts) * 2 * MAX_TURN
+    assert stats.sampled_tokens == len(prompts) * 2 * shapes.max_turn
     # Every sequence finished both turns, each at the turn cap with a full turn buffer; the host
     # checked each event's cache_len against the context it rebuilt.
     assert all(reasons == [STOP_TURN_CAP] * 2 for reasons in host.stop_reasons)
-    assert {turn_len for (_, _, _, _, turn_len, _) in host.log} == {MAX_TURN}
+    assert {turn_len for (_, _, _, _, turn_len, _) in host.log} == {shapes.max_turn}
     assert len(host.log) == 2 * len(prompts)
     # 7 sequences over 3 slots: every slot served several sequences, each sequence one slot.
-    slot_loads = np.bincount([next(iter(used)) for used in host.slots_used], minlength=SLOTS)
+    slot_loads = np.bincount([next(iter(used)) for used in host.slots_used],
+                             minlength=shapes.slots)
     assert all(len(used) == 1 for used in host.slots_used) and (slot_loads >= 2).all()
 
 
-def test_stop_id_ends_the_turn_with_its_reason(split_model, scripted_host):
+def test_stop_id_ends_the_turn_with_its_reason(run, split_model, scripted_host, shapes, greedy):
     graphdef, state = split_model
     prompt = [5, 17, 2, 40, 9]
-    free_run = generate(state, graphdef, [prompt], MAX_TURN, GREEDY, slots=SLOTS,
-                        max_len=MAX_LEN)[0][0].tolist()
+    free_run = generate(state, graphdef, [prompt], shapes.max_turn, greedy, slots=shapes.slots,
+                        max_len=shapes.max_len)[0][0].tolist()
     stop_token = free_run[2]
     first = free_run.index(stop_token)
-    host = scripted_host([prompt], SLOTS, turns=1)
-    run(split_model, host, stop_ids={stop_token: STOP_TOOL_CALL, 95: STOP_EOS})
+    host = scripted_host([prompt], shapes.slots, turns=1)
+    run(host, stop_ids={stop_token: STOP_TOOL_CALL, 95: STOP_EOS})
     assert host.tokens[0] == prompt + free_run[:first + 1]  # the stop token is part of the turn
     assert host.stop_reasons[0] == [STOP_TOOL_CALL]
 
@@ -53,23 +56,24 @@ def test_chat_stop_ids_prefers_turn_end_when_eos_is_im_end():
     assert chat_stop_ids(fmt) == {3: STOP_IM_END, 5: STOP_TOOL_CALL}
 
 
-def test_full_cache_stops_the_slot(split_model, scripted_host):
-    nearly_full = list(range(1, MAX_LEN - 2))  # room for 3 sampled tokens
-    full = [2] * MAX_LEN  # no room at all: stops before sampling
-    host = scripted_host([nearly_full, full], SLOTS, turns=1)
-    run(split_model, host)
+def test_full_cache_stops_the_slot(run, scripted_host, shapes):
+    nearly_full = list(range(1, shapes.max_len - 2))  # room for 3 sampled tokens
+    full = [2] * shapes.max_len  # no room at all: stops before sampling
+    host = scripted_host([nearly_full, full], shapes.slots, turns=1)
+    run(host)
     assert host.stop_reasons == [[STOP_CACHE_FULL], [STOP_CACHE_FULL]]
     by_seq = {seq: (turn_len, cache_len) for (_, _, seq, _, turn_len, cache_len) in host.log}
-    assert by_seq == {0: (3, MAX_LEN), 1: (0, MAX_LEN)}
+    assert by_seq == {0: (3, shapes.max_len), 1: (0, shapes.max_len)}
 
 
-def test_top_k_one_equals_greedy(split_model):
+def test_top_k_one_equals_greedy(split_model, shapes, greedy):
     graphdef, state = split_model
     prompts = [[3], [5, 17, 2, 40, 9], list(range(20, 33))]
-    greedy = generate(state, graphdef, prompts, MAX_TURN, GREEDY, slots=SLOTS, max_len=MAX_LEN)
-    top1 = generate(state, graphdef, prompts, MAX_TURN, Sampling(top_k=1, max_turn_tokens=MAX_TURN),
-                    slots=SLOTS, max_len=MAX_LEN)
-    for g_tokens, g_logprobs, t_tokens, t_logprobs in zip(*greedy, *top1):
+    top1 = Sampling(top_k=1, max_turn_tokens=shapes.max_turn)
+    greedy_out, top1_out = (
+        generate(state, graphdef, prompts, shapes.max_turn, sampling, slots=shapes.slots,
+                 max_len=shapes.max_len) for sampling in (greedy, top1))
+    for g_tokens, g_logprobs, t_tokens, t_logprobs in zip(*greedy_out, *top1_out):
         assert g_tokens.tolist() == t_tokens.tolist()
         np.testing.assert_allclose(g_logprobs, t_logprobs, atol=1e-6)  # both at temperature 1
 
@@ -85,55 +89,61 @@ class _ListHost:
         return self.answers.pop(0)(events)
 
 
+def _idle(events, width=1):
+    return SlotInjection.nothing(len(events.stopped), width)
+
+
 def _load(prompt):
     def answer(events):
-        injection = SlotInjection.nothing(SLOTS, len(prompt))
+        injection = _idle(events, len(prompt))
         injection.tokens[0], injection.num[0], injection.reset[0] = prompt, len(prompt), True
         injection.active[0] = True
         return injection
     return answer
 
 
-def test_done_at_the_first_call_decodes_nothing(split_model):
-    host = _ListHost(lambda events: SlotInjection(**{**vars(SlotInjection.nothing(SLOTS)),
-                                                     "done": True}))
-    stats = run(split_model, host)
+def test_done_at_the_first_call_decodes_nothing(run, shapes):
+    def finish(events):
+        injection = _idle(events)
+        injection.done = True
+        return injection
+    host = _ListHost(finish)
+    stats = run(host)
     assert (stats.decode_steps, stats.host_calls, stats.sampled_tokens) == (0, 1, 0)
     first = host.events[0]
     assert not first.stopped.any() and (first.cache_len == 0).all()
-    assert first.turn_tokens.shape == (SLOTS, MAX_TURN)
+    assert first.turn_tokens.shape == (shapes.slots, shapes.max_turn)
 
 
-def test_host_exception_is_reraised(split_model):
+def test_host_exception_is_reraised(run):
     def fail(events):
         raise RuntimeError("tool server down")
     with pytest.raises(RuntimeError, match="tool server down"):
-        run(split_model, _ListHost(_load([1, 2, 3]), fail))
+        run(_ListHost(_load([1, 2, 3]), fail))
 
 
-def test_injection_past_the_cache_is_rejected(split_model):
+def test_injection_past_the_cache_is_rejected(run, shapes):
     def overflow(events):
-        injection = SlotInjection.nothing(SLOTS, MAX_LEN)
-        injection.num[0], injection.active[0] = MAX_LEN, True  # slot 0 already holds 3 + turn
+        injection = _idle(events, shapes.max_len)
+        injection.num[0], injection.active[0] = shapes.max_len, True  # slot 0 holds 3 + a turn
         return injection
     with pytest.raises(SlotProtocolError, match=r"num\[0\]"):
-        run(split_model, _ListHost(_load([1, 2, 3]), overflow))
+        run(_ListHost(_load([1, 2, 3]), overflow))
 
 
-def test_active_empty_slot_is_rejected(split_model):
+def test_active_empty_slot_is_rejected(run):
     def activate_empty(events):
-        injection = SlotInjection.nothing(SLOTS)
+        injection = _idle(events)
         injection.active[1] = True
         return injection
     with pytest.raises(SlotProtocolError, match=r"active\[1\]"):
-        run(split_model, _ListHost(activate_empty))
+        run(_ListHost(activate_empty))
 
 
-def test_step_cap_ends_a_loop_the_host_never_finishes(split_model):
+def test_step_cap_ends_a_loop_the_host_never_finishes(run):
     def keep_going(events):
-        injection = SlotInjection.nothing(SLOTS)
+        injection = _idle(events)
         injection.active[0] = True
         return injection
-    host = _ListHost(_load([1, 2, 3]), *[keep_going] * 100)
-    stats = run(split_model, host, max_steps=5)
+    stats = run(_ListHost(_load([1, 2, 3]), *[keep_going] * 100), max_steps=5)
     assert stats.hit_limit and stats.decode_steps == 5 and stats.sampled_tokens == 5
