@@ -17,7 +17,6 @@ registry keyed by an id that is a runtime argument, so all hosts share one compi
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import itertools
 import threading

@@ -81,13 +81,21 @@ def hop_queries(hop: Hop, num_results: int = 5, max_results: int = 10) -> list[t
     """The (query, num) searches the oracle issues for one hop until the fact's page is listed:
     name + relation, then the name alone with more results (a relation word can pull in other
     entities' pages that use it, while the subject's page may phrase the fact without it)."""
-    return [(f"{hop.subject_name} {hop.relation}", num_results),
+    # "employer of Tarvo Lind": the name follows a space, as in the subtask, so it is the same
+    # tokens there and here (a tiny model learns to copy token for token).
+    return [(f"{hop.relation} of {hop.subject_name}", num_results),
             (hop.subject_name, min(2 * num_results, max_results))]
 
 
 def conversations(demo: Demonstration) -> list[tuple[str, list[dict]]]:
     """(role, messages) of a demonstration and of the workers it spawned: SFT examples."""
     return [(demo.role, demo.messages)] + [pair for w in demo.workers for pair in conversations(w)]
+
+
+def final_answer(answer: str) -> str:
+    """The closing turn. The space after the brace makes the answer the same tokens as in the
+    report it is copied from (" Tarvo Lind", not "Tarvo Lind"); extract_boxed strips it."""
+    return f"The answer is \\boxed{{ {answer}}}."
 
 
 def _assistant(text: str) -> dict:
@@ -175,7 +183,7 @@ class Oracle:
                 break
         solved = all(w.solved for w in workers) and len(workers) == question.num_hops
         answer = workers[-1].answer if solved else "unknown"
-        messages.append(_assistant(f"The answer is \\boxed{{{answer}}}."))
+        messages.append(_assistant(final_answer(answer)))
         return Demonstration(role=PLANNER, messages=messages, answer=answer, solved=solved,
                              workers=workers)
 
@@ -186,7 +194,7 @@ class Oracle:
         rng = self._rng(SINGLE, question.id)
         solved = all(self._research_hop(hop, messages, rng) for hop in question.hops)
         answer = question.answer if solved else "unknown"
-        messages.append(_assistant(f"The answer is \\boxed{{{answer}}}."))
+        messages.append(_assistant(final_answer(answer)))
         return Demonstration(role=SINGLE, messages=messages, answer=answer, solved=solved)
 
 
