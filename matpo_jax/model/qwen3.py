@@ -19,20 +19,39 @@ _MASKED_SCORE = -1e30
 
 
 class KVCache(NamedTuple):
-    k: jax.Array  # [layers, batch, max_len, kv_heads, head_dim]
-    v: jax.Array  # [layers, batch, max_len, kv_heads, head_dim]
+    """Per-layer, heads-major cache: k[i], v[i] are layer i's [batch, kv_heads, max_len, head_dim].
+
+    One array per layer (not one stacked [layers, ...] buffer) so that a step scatters its new
+    keys into each layer's array in place, and heads-major so that the attention dots read the
+    cache as it lies (batch and kv heads are the dot's batch dimensions), with no transpose."""
+
+    k: tuple  # per layer: [batch, kv_heads, max_len, head_dim]
+    v: tuple  # per layer: [batch, kv_heads, max_len, head_dim]
     lengths: jax.Array  # [batch] int32: tokens written per row = next write position
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k[0].shape[2]
+
+    def rows(self, index) -> "KVCache":
+        """The sub-cache of rows `index` (an int array [L]; a gather of every layer)."""
+        return KVCache(tuple(k[index] for k in self.k), tuple(v[index] for v in self.v),
+                       self.lengths[index])
+
+    def set_rows(self, index, sub: "KVCache") -> "KVCache":
+        """Writes sub-cache `sub` back into rows `index`; out-of-range indices are dropped."""
+        return KVCache(tuple(k.at[index].set(s, mode="drop") for k, s in zip(self.k, sub.k)),
+                       tuple(v.at[index].set(s, mode="drop") for v, s in zip(self.v, sub.v)),
+                       self.lengths.at[index].set(sub.lengths, mode="drop"))
 
 
 def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache; `dtype` defaults to the model's compute dtype."""
     dtype = jnp.dtype(dtype or config.dtype)
-    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+    shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    layers = range(config.num_hidden_layers)
+    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in layers),
+                   v=tuple(jnp.zeros(shape, dtype) for _ in layers),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
 
@@ -69,21 +88,28 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention without repeating K/V: queries are viewed as [kv_heads, group].
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention over a heads-major cache, without repeating K/V: queries are viewed as
+    [kv_heads, group].
 
-    q: [B, T, H, D]; k, v: [B, S, K, D]; mask: [B, T, S] bool (True = may attend).
+    q: [B, T, H, D]; k, v: [B, K, S, D]; mask: [B, T, S] bool (True = may attend).
     Returns [B, T, H * D].
     """
     batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (head_dim ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(batch, q_len, heads * head_dim)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`cached_attention` with token-major k, v [B, S, K, D] (the dense reference of
+    packed_attention): q [B, T, H, D], mask [B, T, S] bool -> [B, T, H * D]."""
+    return cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
 
 
 # Query-block size of the packed training attention. 128 keeps the per-block matmuls MXU-aligned
@@ -162,10 +188,10 @@ class Attention(nnx.Module):
     def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
         """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
         [B, T] int (causal within a segment, 0 = padding; see packed_attention). With
-        `layer_cache` = (k, v) [B, S, K, D], `mask` is a [B, T, S] bool (True = may attend); the
-        new keys and values are first scattered into slots `write_slots` [B, T] (out of range =
-        dropped) and attention runs over the whole cache; the updated (k, v) is returned
-        alongside."""
+        `layer_cache` = (k, v) [B, K, S, D] (heads-major), `mask` is a [B, T, S] bool (True = may
+        attend); the new keys and values are first scattered into slots `write_slots` [B, T] (out
+        of range = dropped) and attention runs over the whole cache; the updated (k, v) is
+        returned alongside."""
         batch, length, _ = x.shape
         q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
@@ -176,11 +202,16 @@ class Attention(nnx.Module):
         k = apply_rope(self.k_norm(k), cos, sin)
         if layer_cache is not None:
             k_cache, v_cache = layer_cache
-            rows = jnp.arange(batch)[:, None]
-            k = k_cache.at[rows, write_slots].set(k.astype(k_cache.dtype), mode="drop")
-            v = v_cache.at[rows, write_slots].set(v.astype(v_cache.dtype), mode="drop")
+            rows = jnp.arange(batch)[:, None, None]
+            heads = jnp.arange(self.num_kv_heads)[None, :, None]
+            slots = write_slots[:, None, :]
+            # [B, T, K, D] -> [B, K, T, D]: a transpose of the new tokens only, never the cache.
+            k = k_cache.at[rows, heads, slots].set(
+                k.transpose(0, 2, 1, 3).astype(k_cache.dtype), mode="drop")
+            v = v_cache.at[rows, heads, slots].set(
+                v.transpose(0, 2, 1, 3).astype(v_cache.dtype), mode="drop")
             layer_cache = (k, v)
-            out = grouped_attention(q, k, v, mask)
+            out = cached_attention(q, k, v, mask)
         else:
             out = packed_attention(q, k, v, mask)
         return self.o_proj(out), layer_cache
@@ -259,6 +290,20 @@ class Qwen3ForCausalLM(nnx.Module):
         Returns logits [B, T, V] (rows past num_valid are meaningless) and the new cache. Rows with
         num_valid 0 are untouched; writes past max_len are dropped, so lengths can exceed max_len
         (callers detect overflow with cache.lengths > cache.max_len)."""
+        hidden, cache = self.extend_hidden(tokens, num_valid, cache)
+        return self.logits_from_hidden(hidden), cache
+
+    def extend_last(self, tokens, num_valid, cache: KVCache):
+        """`extend` that projects only each row's last written position to the vocabulary:
+        logits [B, V] at index num_valid[b] - 1 (meaningless for rows with num_valid 0). A sampler
+        needs no more, and it skips the [B, T, V] logits of a long injection."""
+        hidden, cache = self.extend_hidden(tokens, num_valid, cache)
+        last = jnp.clip(num_valid.astype(jnp.int32) - 1, 0, tokens.shape[1] - 1)
+        hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+        return self.logits_from_hidden(hidden), cache
+
+    def extend_hidden(self, tokens, num_valid, cache: KVCache):
+        """`extend` before the output projection: (normalised hidden [B, T, hidden], cache)."""
         batch, length = tokens.shape
         num_valid = num_valid.astype(jnp.int32)
         offsets = jnp.arange(length, dtype=jnp.int32)[None, :]
@@ -271,12 +316,12 @@ class Qwen3ForCausalLM(nnx.Module):
 
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        k_all, v_all = cache.k, cache.v
-        for i, layer in enumerate(self.layers):
-            hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_all[i], v_all[i]),
-                                               write_slots)
-            k_all, v_all = k_all.at[i].set(k_layer), v_all.at[i].set(v_layer)
-        return self.logits_from_hidden(self.norm(hidden)), KVCache(k_all, v_all, new_lengths)
+        new_k, new_v = [], []
+        for layer, k_layer, v_layer in zip(self.layers, cache.k, cache.v):
+            hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_layer, v_layer), write_slots)
+            new_k.append(k_layer)
+            new_v.append(v_layer)
+        return self.norm(hidden), KVCache(tuple(new_k), tuple(new_v), new_lengths)
 
     def prefill(self, tokens, lengths, cache: KVCache):
         """Resets every row to length 0 and writes tokens[b, :lengths[b]]."""
@@ -284,8 +329,7 @@ class Qwen3ForCausalLM(nnx.Module):
 
     def decode(self, tokens, cache: KVCache, active):
         """One token per active row: tokens [B], active [B] bool -> (logits [B, V], cache)."""
-        logits, cache = self.extend(tokens[:, None], active.astype(jnp.int32), cache)
-        return logits[:, 0], cache
+        return self.extend_last(tokens[:, None], active.astype(jnp.int32), cache)
 
     # --- output projection
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 from matpo_jax.rl.judge import CORRECT, LLMJudge
+from matpo_jax.tokenizer import extract_boxed  # noqa: F401  (part of this module's API)
 
 ACCURACY_METHODS = ("exact", "f1", "judge")
 REWARD_MODES = ("matpo", "single")
@@ -42,22 +43,7 @@ class RewardConfig:
 
 
 # ----------------------------------------------------------------------------- answer extraction
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the LAST `\\boxed{...}` in text (nested braces balanced); None if none closes."""
-    answer = None
-    start = text.find("\\boxed{")
-    while start != -1:
-        depth, i = 1, start + len("\\boxed{")
-        content_start = i
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            answer = text[content_start:i - 1].strip()
-        start = text.find("\\boxed{", start + 1)
-    return answer
-
+# extract_boxed (re-exported): the chat format's parser, so rollouts and rewards agree on answers.
 
 def final_answer(rollout: Rollout) -> str | None:
     """The last boxed answer over the rollout's own sampled turns (latest turn wins)."""
