@@ -58,8 +58,9 @@ def make_config(name: str | None = None, **world_kwargs) -> SyntheticMultihopCon
 class SyntheticMultihop(tfds.core.GeneratorBasedBuilder):
     """Multi-hop questions over a procedurally generated world (see synthetic_world.py)."""
 
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "First release."}
+    # Bump whenever the generator's output changes, so a cached world is never silently reused.
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "Short page ids (d42); shorter texts."}
     BUILDER_CONFIGS = [
         make_config("default", noise=0.0),
         make_config("noisy", noise=0.5),
