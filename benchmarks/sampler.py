@@ -278,10 +278,10 @@ def markdown(result):
     names = list(profiles[0]["ms_per_step"])
     lines += ["", "Where a decode step goes (bare model, batch "
               f"{profiles[0]['batch']}, ms per step): a one-token forward without a cache vs "
-              "`model.decode` over a cache of max_len tokens. The gap grows with max_len far "
-              "beyond the attention FLOPs: `model.extend` copies every layer's cache out of the "
-              "stacked [layers, ...] buffer, scatters, writes it back, and transposes K/V to "
-              "[B, kv_heads, S, D] for the attention dots, each step.", "",
+              "`model.decode` over a cache of max_len tokens. The cache is one heads-major "
+              "[B, kv_heads, max_len, D] array per layer, scattered into in place; a decode step's "
+              "attention is one fused elementwise pass over it (no dots, no transposes), so the "
+              "gap is the memory traffic of reading the whole cache once per step.", "",
               "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for p in profiles:
         lines.append(f"| {p['size']} | " + " | ".join(f"{p['ms_per_step'][n]:.1f}" for n in names)

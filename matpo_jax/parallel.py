@@ -129,12 +129,15 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def cache_shardings(cache, mesh: Mesh):
-    """Shardings for a KVCache (same NamedTuple type): k/v [layers, batch, max_len, kv_heads,
+    """Shardings for a KVCache (same NamedTuple type): each layer's k/v [batch, kv_heads, max_len,
     head_dim] split on batch and, like the k/v projections, on kv heads; lengths on batch."""
-    kv_spec = P(None, BATCH_AXES, None, "tensor", None)
+    kv_spec = P(BATCH_AXES, "tensor", None, None)
+
+    def layer_shardings(arrays):
+        return tuple(NamedSharding(mesh, fit_spec(kv_spec, x.shape, mesh)) for x in arrays)
+
     return cache._replace(
-        k=NamedSharding(mesh, fit_spec(kv_spec, cache.k.shape, mesh)),
-        v=NamedSharding(mesh, fit_spec(kv_spec, cache.v.shape, mesh)),
+        k=layer_shardings(cache.k), v=layer_shardings(cache.v),
         lengths=NamedSharding(mesh, fit_spec(P(BATCH_AXES), cache.lengths.shape, mesh)))
 
 

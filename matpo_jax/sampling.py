@@ -4,8 +4,8 @@ Each iteration samples one token per active slot and feeds it through `model.dec
 slot stops (a stop token, its turn cap, a full cache) the loop leaves XLA once, through an ordered
 `io_callback`, hands every stopped slot's turn to the host (`SlotEvents`) and receives what to
 write next (`SlotInjection`: prompts, tool responses, re-prefilled contexts). The injected tokens
-are written inside the loop by one `model.extend` of a static bucket width (long ones by a loop of
-fixed-width chunks), so a rollout with many tool calls is a single compiled program: no
+are written inside the loop by `model.extend_last` of a static bucket width over only the rows that
+receive tokens, a static number of lanes at a time (long ones by a loop of fixed-width chunks), so a rollout with many tool calls is a single compiled program: no
 recompiles, no re-upload of the cache, no Python per decoded token.
 
 Structure: outer loop = [host call -> inject] then an inner loop that decodes until some slot
@@ -36,6 +36,7 @@ __all__ = [
     "STOP_NONE", "STOP_EOS", "STOP_IM_END", "STOP_TOOL_CALL", "STOP_TURN_CAP", "STOP_CACHE_FULL",
     "STOP_REASON_NAMES", "Sampling", "SamplingConfigError", "SlotEvents", "SlotInjection",
     "SlotHost", "SlotProtocolError", "SlotLoopStats", "chat_stop_ids", "default_buckets",
+    "default_lanes",
     "run_slots", "generate",
 ]
 
@@ -117,6 +118,14 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
     longer than the last width (a prompt, a re-prefilled context) is written in chunks of it."""
     widths = tuple(b for b in (16, 64, 256, 512) if b < max_len)
     return widths + (max_len,) if max_len <= 512 else widths
+
+
+def default_lanes(slots: int) -> int:
+    """Rows an injection extends together: an eighth of the slots (at least 1). A host call of a
+    rollout usually writes into one or two slots (a tool response, a new prompt), and each lane
+    costs a full-width extend whether or not a row fills it; a refill of many slots runs several
+    extends of `lanes` rows (more passes over the weights, the same attention work)."""
+    return max(1, slots // 8)
 
 
 def _stop_table(stop_ids: Mapping[int, int] | Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -218,7 +227,7 @@ class _LoopState(NamedTuple):
     done: jax.Array  # bool scalar
 
 
-def _inject(model, cache: KVCache, logits, tokens, num, buckets):
+def _inject(model, cache: KVCache, logits, tokens, num, buckets, lanes: int):
     """Appends tokens[b, :num[b]] with the smallest static width in `buckets` that fits max(num);
     longer injections go through `_inject_in_chunks` of the last width.
 
@@ -226,15 +235,17 @@ def _inject(model, cache: KVCache, logits, tokens, num, buckets):
     index num-1. The width is picked by one `lax.cond` per bucket (at most one is taken) rather
     than a `lax.switch`: XLA updates the cache in place through a conditional whose other branch is
     the identity, but copies the whole cache in and out of a switch whose several branches write it.
+    Only the rows that receive tokens are extended, `lanes` at a time (see `_extend_rows`).
     """
 
     def extend_once(width):
-        return lambda cache, logits: _extend_rows(model, cache, logits, tokens[:, :width], num)
+        return lambda cache, logits: _extend_rows(model, cache, logits, tokens[:, :width], num,
+                                                  lanes)
 
     branches = [extend_once(width) for width in buckets]
     if buckets[-1] < tokens.shape[1]:
         branches.append(lambda cache, logits: _inject_in_chunks(model, cache, logits, tokens, num,
-                                                                chunk=buckets[-1]))
+                                                                buckets[-1], lanes))
     longest = jnp.max(num)
     chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
     for index, branch in enumerate(branches):
@@ -242,22 +253,42 @@ def _inject(model, cache: KVCache, logits, tokens, num, buckets):
     return cache, logits
 
 
-def _extend_rows(model, cache: KVCache, logits, tokens, num):
-    """model.extend, keeping the old next-token logits of rows that receive nothing."""
-    extend_logits, cache = model.extend(tokens, num, cache)
-    last = jnp.clip(num - 1, 0, tokens.shape[1] - 1)
-    new = jnp.take_along_axis(extend_logits, last[:, None, None], axis=1)[:, 0]
-    return cache, jnp.where((num > 0)[:, None], new, logits)
+def _extend_rows(model, cache: KVCache, logits, tokens, num, lanes: int):
+    """Extends the rows with num > 0 and sets their next-token logits; other rows keep theirs.
+
+    With lanes < B, the rows that receive tokens are gathered `lanes` at a time into a sub-cache
+    (a static [lanes, ...] shape), extended, and scattered back, looping while rows remain: a
+    host call that writes one tool response pays for one lane, not for all B slots. Only each
+    row's last written position is projected to the vocabulary (`model.extend_last`)."""
+    slots = num.shape[0]
+    if lanes >= slots:
+        new, cache = model.extend_last(tokens, num, cache)
+        return cache, jnp.where((num > 0)[:, None], new, logits)
+
+    def extend_lanes(carry):
+        cache, logits, pending = carry
+        rows = jnp.nonzero(pending, size=lanes, fill_value=slots)[0]  # slots = an empty lane
+        gather = jnp.minimum(rows, slots - 1)
+        lane_num = jnp.where(rows < slots, num[gather], 0)
+        new, sub = model.extend_last(tokens[gather], lane_num, cache.rows(gather))
+        # Empty lanes scatter to row `slots`, which mode="drop" discards.
+        return (cache.set_rows(rows, sub), logits.at[rows].set(new, mode="drop"),
+                pending.at[rows].set(False, mode="drop"))
+
+    cache, logits, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2]), extend_lanes,
+                                          (cache, logits, num > 0))
+    return cache, logits
 
 
-def _inject_in_chunks(model, cache: KVCache, logits, tokens, num, chunk: int):
-    """Writes a long injection as a loop of `chunk`-wide extends: the [B, T, V] extend logits stay
+def _inject_in_chunks(model, cache: KVCache, logits, tokens, num, chunk: int, lanes: int):
+    """Writes a long injection as a loop of `chunk`-wide extends: the extend activations stay
     chunk-sized whatever the context length, and only one more extend width is compiled."""
 
     def write_chunk(carry):
         start, cache, logits = carry
         part = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-        cache, logits = _extend_rows(model, cache, logits, part, jnp.clip(num - start, 0, chunk))
+        cache, logits = _extend_rows(model, cache, logits, part, jnp.clip(num - start, 0, chunk),
+                                     lanes)
         return start + chunk, cache, logits
 
     tokens = jnp.pad(tokens, ((0, 0), (0, -tokens.shape[1] % chunk)))  # every slice in bounds
@@ -305,7 +336,7 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
         decode_steps=s.decode_steps + 1, sampled_tokens=s.sampled_tokens + jnp.sum(sampling_rows))
 
 
-def _host_round(model, s: _LoopState, session_id, buckets, max_len: int):
+def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int):
     """One host call with the current events, then the injection it answers with."""
     slots = s.active.shape[0]
     result_shapes = (jax.ShapeDtypeStruct((slots, max_len), jnp.int32),
@@ -318,7 +349,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, max_len: int):
         s.turn_logprobs, s.turn_len, s.cache.lengths, ordered=True)
     cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
     num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
-    cache, logits = _inject(model, cache, s.logits, tokens, num, buckets)
+    cache, logits = _inject(model, cache, s.logits, tokens, num, buckets, lanes)
     # A new turn starts for slots that stopped or received tokens.
     new_turn = s.stopped | reset | (num > 0)
     return s._replace(
@@ -328,9 +359,9 @@ def _host_round(model, s: _LoopState, session_id, buckets, max_len: int):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "graphdef", "slots", "max_len", "max_turn", "buckets", "sampling", "stop_table"))
+    "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table"))
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, *, slots,
-               max_len, max_turn, buckets, sampling, stop_table):
+               max_len, max_turn, buckets, lanes, sampling, stop_table):
     model = nnx.merge(graphdef, model_state)
     config = model.config
     state = _LoopState(
@@ -353,7 +384,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
             lambda s: _decode_step(model, s, rng, sampling, stop_table, max_len), s)
 
     def outer_body(s):
-        return decode_until_a_stop(_host_round(model, s, session_id, buckets, max_len))
+        return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
     return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
@@ -362,14 +393,16 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
 def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int,
               max_turn: int | None = None, sampling: Sampling = Sampling(),
               stop_ids: Mapping[int, int] | Sequence[int] = (), rng=None,
-              buckets: Sequence[int] | None = None, max_steps: int = 1 << 30,
-              max_host_calls: int = 1 << 30) -> SlotLoopStats:
+              buckets: Sequence[int] | None = None, lanes: int | None = None,
+              max_steps: int = 1 << 30, max_host_calls: int = 1 << 30) -> SlotLoopStats:
     """Runs the slot loop until the host answers done (or a safety cap is hit).
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
     SlotEvents.turn_tokens (default sampling.max_turn_tokens). stop_ids: {token_id: STOP_*} (see
     `chat_stop_ids`) or a plain id list (reported as STOP_EOS). buckets: static injection widths
     (default `default_buckets(max_len)`); longer injections are written in chunks of the last.
+    lanes: rows extended together by an injection (default `default_lanes(slots)`); a host call
+    writing into n rows runs ceil(n / lanes) extends of `lanes` rows each.
     max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
     All results reach the host through SlotEvents; this returns counters only."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
@@ -377,6 +410,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         default_buckets(max_len)
     if buckets[0] <= 0:
         raise SlotProtocolError(f"buckets must be positive widths, got {buckets}")
+    lanes = default_lanes(slots) if lanes is None else min(int(lanes), slots)
+    if lanes <= 0:
+        raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
     rng = jax.random.key(0) if rng is None else rng
     session = _HostSession(host, slots, max_len)
     with _SESSIONS_LOCK:
@@ -387,7 +423,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
                               jnp.int32(min(max_steps, 2**31 - 1)),
                               jnp.int32(min(max_host_calls, 2**31 - 1)), slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
-                              sampling=sampling, stop_table=_stop_table(stop_ids))
+                              lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids))
         decode_steps, host_calls, sampled, done = jax.device_get(counters)
     finally:
         with _SESSIONS_LOCK:
@@ -448,6 +484,7 @@ def generate(model_state, graphdef, prompts: Sequence[Sequence[int]], max_new_to
     elif max_len < needed:
         raise SlotProtocolError(f"max_len={max_len} < longest prompt + max_new_tokens = {needed}")
     host = _PromptQueueHost(prompts, slots)
+    # lanes=slots: the first host call fills every slot at once, as one extend of all rows.
     run_slots(model_state, graphdef, host, slots=slots, max_len=max_len, max_turn=max_new_tokens,
-              sampling=sampling, stop_ids=stop_ids, rng=rng)
+              sampling=sampling, stop_ids=stop_ids, rng=rng, lanes=slots)
     return host.tokens, host.logprobs

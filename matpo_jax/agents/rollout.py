@@ -78,6 +78,9 @@ class RolloutConfig:
     # host call pays the smallest width >= its longest injection (longer: chunks of the last),
     # on all slots: finer widths cost compilations, save compute on prompts and re-prefills.
     injection_buckets: tuple[int, ...] | None = None
+    # Rows one injection extend writes together (None: sampling.default_lanes(slots)); a host call
+    # writing into n slots runs ceil(n / lanes) extends of that many rows.
+    injection_lanes: int | None = None
     tool_threads: int = 16  # concurrent tool calls per host call
 
     def __post_init__(self):
@@ -96,6 +99,10 @@ class RolloutConfig:
                 not self.injection_buckets or min(self.injection_buckets) <= 0):
             raise RolloutConfigError(f"injection_buckets must be positive widths, got "
                                      f"{self.injection_buckets}")
+        if self.injection_lanes is not None and (
+                not isinstance(self.injection_lanes, int) or self.injection_lanes <= 0):
+            raise RolloutConfigError(f"injection_lanes must be a positive integer or None, got "
+                                     f"{self.injection_lanes!r}")
         if self.max_new_tokens >= self.max_context:
             raise RolloutConfigError(f"max_new_tokens ({self.max_new_tokens}) must be smaller "
                                      f"than max_context ({self.max_context})")
@@ -133,7 +140,7 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
         loop = sampling.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
             max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng,
-            buckets=cfg.injection_buckets)
+            buckets=cfg.injection_buckets, lanes=cfg.injection_lanes)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     metrics = rollout_metrics(rollouts, cfg)
@@ -145,23 +152,27 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
         sampled_tokens=loop.sampled_tokens, prefills=stats.prefills,
         prefill_tokens=stats.prefill_tokens, injected_tokens=stats.injected_tokens,
         resumed_in_place=stats.resumed_in_place, evictions=stats.evictions,
-        extend_positions=_extend_positions(stats.injection_widths, cfg),
+        extend_positions=_extend_positions(stats.injection_widths, stats.injection_rows, cfg),
         wall_time_s=time.perf_counter() - start)
     metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
 
 
-def _extend_positions(widths: Sequence[int], cfg: RolloutConfig) -> int:
+def _extend_positions(widths: Sequence[int], rows: Sequence[int], cfg: RolloutConfig) -> int:
     """Token positions the sampler's injection writes computed: each host call that writes
-    extends every slot by the smallest width that fits its longest injection, or by chunks of
-    the largest width (see sampling.run_slots)."""
+    extends the rows it writes, `lanes` rows at a time, by the smallest width that fits its
+    longest injection, or by chunks of the largest width (see sampling.run_slots)."""
     buckets = sorted(min(b, cfg.max_context) for b in
                      (cfg.injection_buckets or sampling.default_buckets(cfg.max_context)))
+    lanes = min(cfg.injection_lanes or sampling.default_lanes(cfg.slots), cfg.slots)
     positions = 0
-    for width in filter(None, widths):
+    for width, count in zip(widths, rows):
+        if not width:
+            continue
         fitting = [b for b in buckets if b >= width]
-        positions += fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
-    return cfg.slots * positions
+        span = fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
+        positions += span * (cfg.slots if lanes >= cfg.slots else -(-count // lanes) * lanes)
+    return positions
 
 
 def _stop_ids(chat) -> dict[int, int]:

@@ -71,6 +71,7 @@ class SchedulerStats:
     resumed_in_place: int = 0  # parked sequences that found their cache still in their slot
     evictions: int = 0  # parked sequences whose slot was given to a waiting one
     injection_widths: list[int] = dataclasses.field(default_factory=list)  # longest, per call
+    injection_rows: list[int] = dataclasses.field(default_factory=list)  # slots written, per call
 
 
 @dataclasses.dataclass(order=True)
@@ -237,6 +238,7 @@ class SlotScheduler:
     def _injection(self, writes: dict[int, list[int]], reset: np.ndarray):
         width = max([0] + [len(ids) for ids in writes.values()])
         self.stats.injection_widths.append(width)
+        self.stats.injection_rows.append(sum(1 for ids in writes.values() if ids))
         width = max(width, 1)
         tokens = np.zeros((self.num_slots, width), np.int32)
         num = np.zeros(self.num_slots, np.int32)

@@ -97,6 +97,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[1]
+    if q_len == 1:  # a decode step
+        return _decode_attention(q, k, v, mask)
     q = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
     scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (head_dim ** -0.5)
@@ -104,6 +106,76 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) 
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(batch, q_len, heads * head_dim)
+
+
+# Key-block size of `blocked_cached_attention` (multi-token extends over a cache).
+CACHE_BLOCK = 128
+
+
+def blocked_cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
+                             lengths: jax.Array, block: int = CACHE_BLOCK) -> jax.Array:
+    """`cached_attention` for a multi-token extend, reading only the filled part of the cache.
+
+    q: [B, T, H, D]; k, v: [B, K, S, D] heads-major cache (new tokens already written);
+    positions: [B, T] each query's slot; lengths: [B] filled slots after the write. Query (b, t)
+    attends slot s iff s <= positions[b, t] and s < lengths[b] (the dense mask of `extend`).
+    Keys are visited in blocks of `block` slots with an online softmax, in a loop that stops at
+    the longest row's length: a prompt written into a fresh 4096-slot row reads its own few
+    hundred slots, not all 4096. Returns [B, T, H * D]; query rows that may attend nothing
+    (padding past num_valid, whose output is ignored) get the mean of the visited values.
+    """
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads, max_len = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    block = min(block, max_len)
+    rows = group * q_len  # query row m = g * T + t, so both products are plain batched matmuls
+    qg = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    qg = qg.reshape(batch, kv_heads, rows, head_dim)
+    limit = jnp.minimum(positions, lengths[:, None] - 1)  # last slot each query may attend
+    limit = jnp.broadcast_to(limit[:, None, :], (batch, group, q_len)).reshape(batch, 1, rows)
+    scale = head_dim ** -0.5
+    num_blocks = jnp.minimum((jnp.max(lengths) + block - 1) // block, -(-max_len // block))
+
+    def visit(index, carry):
+        top, total, acc = carry
+        # The last block is shifted back to stay in bounds; slots seen before are masked.
+        start = jnp.minimum(index * block, max_len - block)
+        k_block = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
+        v_block = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
+        slots = start + jnp.arange(block, dtype=jnp.int32)
+        valid = (slots >= index * block)[None, None, :] & (slots[None, None, :] <= limit[..., None])
+        scores = jnp.einsum("bkmd,bksd->bkms", qg, k_block, preferred_element_type=jnp.float32)
+        scores = jnp.where(valid, scores * scale, _MASKED_SCORE)
+        new_top = jnp.maximum(top, jnp.max(scores, axis=-1))
+        probs = jnp.exp(scores - new_top[..., None])
+        correction = jnp.exp(top - new_top)
+        total = total * correction + jnp.sum(probs, axis=-1)
+        acc = acc * correction[..., None] + jnp.einsum(
+            "bkms,bksd->bkmd", probs.astype(v.dtype), v_block, preferred_element_type=jnp.float32)
+        return new_top, total, acc
+
+    init = (jnp.full((batch, kv_heads, rows), _MASKED_SCORE, jnp.float32),
+            jnp.zeros((batch, kv_heads, rows), jnp.float32),
+            jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32))
+    _, total, acc = jax.lax.fori_loop(0, num_blocks, visit, init)
+    out = (acc / jnp.maximum(total, 1e-30)[..., None]).astype(q.dtype)
+    out = out.reshape(batch, kv_heads, group, q_len, head_dim).transpose(0, 3, 1, 2, 4)
+    return out.reshape(batch, q_len, heads * head_dim)
+
+
+def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`cached_attention` of one query per row, as broadcast products and sums rather than dots:
+    with a handful of query rows per (batch, kv head) the batched dots run as B * K tiny
+    matrix-vector products, while the elementwise form fuses into one pass over the cache (2-3x
+    faster on CPU at B = 32). q: [B, 1, H, D]; k, v: [B, K, S, D]; mask [B, 1, S]."""
+    batch, _, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    q = q.reshape(batch, kv_heads, heads // kv_heads, 1, head_dim).astype(jnp.float32)
+    scores = jnp.sum(q * k[:, :, None].astype(jnp.float32), axis=-1)  # [B, K, G, S]
+    scores = jnp.where(mask[:, None], scores * (head_dim ** -0.5), _MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=3)  # [B, K, G, D]
+    return out.astype(v.dtype).reshape(batch, 1, heads * head_dim)
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -189,7 +261,8 @@ class Attention(nnx.Module):
         """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
         [B, T] int (causal within a segment, 0 = padding; see packed_attention). With
         `layer_cache` = (k, v) [B, K, S, D] (heads-major), `mask` is a [B, T, S] bool (True = may
-        attend); the new keys and values are first scattered into slots `write_slots` [B, T] (out
+        attend; dense attention over the whole cache, for one-token decode steps) or a tuple
+        (positions [B, T], lengths [B]) for `blocked_cached_attention` (multi-token extends); the new keys and values are first scattered into slots `write_slots` [B, T] (out
         of range = dropped) and attention runs over the whole cache; the updated (k, v) is
         returned alongside."""
         batch, length, _ = x.shape
@@ -211,7 +284,10 @@ class Attention(nnx.Module):
             v = v_cache.at[rows, heads, slots].set(
                 v.transpose(0, 2, 1, 3).astype(v_cache.dtype), mode="drop")
             layer_cache = (k, v)
-            out = cached_attention(q, k, v, mask)
+            if isinstance(mask, tuple):  # (positions, lengths): a multi-token extend
+                out = blocked_cached_attention(q, k, v, *mask)
+            else:
+                out = cached_attention(q, k, v, mask)
         else:
             out = packed_attention(q, k, v, mask)
         return self.o_proj(out), layer_cache
@@ -311,8 +387,11 @@ class Qwen3ForCausalLM(nnx.Module):
         new_lengths = cache.lengths + num_valid
         # Padding tokens target slot max_len, which mode="drop" discards.
         write_slots = jnp.where(offsets < num_valid[:, None], positions, cache.max_len)
-        slots = jnp.arange(cache.max_len, dtype=jnp.int32)[None, None, :]
-        mask = (slots <= positions[:, :, None]) & (slots < new_lengths[:, None, None])
+        if length == 1:  # decode: dense attention over the cache is cheapest
+            slots = jnp.arange(cache.max_len, dtype=jnp.int32)[None, None, :]
+            mask = (slots <= positions[:, :, None]) & (slots < new_lengths[:, None, None])
+        else:  # longer extends only read the filled part of the cache (blocked, online softmax)
+            mask = (positions, new_lengths)
 
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)

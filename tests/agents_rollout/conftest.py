@@ -10,59 +10,14 @@ import json
 import socket
 
 import jax
-import numpy as np
 import pytest
 
 from matpo_jax.agents import tools
-from matpo_jax.agents.rollout import RolloutConfig, run_rollouts
+from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.agents.search_server import SearchServer
 
-from scripted_agents import (CORPUS, PlannerScript, SingleScript, WorkerScript, scripted_policy)
-
-REPORT_MAX_CHARS = 200
-
-ADA = PlannerScript(
-    question="Where was Ada Lovelace born?",
-    workers=(WorkerScript(
-        subtask="Find where Ada Lovelace was born.",
-        calls=(("search", {"query": "Ada Lovelace born"}), ("open", {"id": "d1"})),
-        answer="Ada Lovelace was born in London.",
-        summary="<think>d1 says it.</think>Ada Lovelace was born in London. Source: d1."),),
-    answer="\\boxed{London}")
-
-PAIR = PlannerScript(  # two subagent calls in one turn
-    question="Where were Alan Turing and Grace Hopper born?",
-    workers=(
-        WorkerScript(subtask="Find where Alan Turing was born.",
-                     calls=(("search", {"query": "Alan Turing born"}),),
-                     answer="Maida Vale.",
-                     summary="Alan Turing was born in Maida Vale. Source: d2."),
-        WorkerScript(subtask="Find where Grace Hopper was born.",
-                     calls=(("search", {"query": "Grace Hopper born"}),),
-                     answer="New York.", summary="Grace Hopper was born in New York. Source: d3."),
-    ),
-    answer="\\boxed{Maida Vale and New York}",
-    parallel=True)
-
-MALFORMED = PlannerScript(  # first turn: a subagent call with a wrong argument name
-    question="What was Grace Hopper?",
-    workers=(WorkerScript(subtask="Find what Grace Hopper was.",
-                          calls=(("open", {"id": "d3"}),),
-                          answer="A naval officer.",
-                          summary="Grace Hopper was a naval officer. Source: d3."),),
-    answer="\\boxed{a naval officer}",
-    malformed_first='<tool_call>\n{"name": "subagent", "arguments": {"task": "Grace Hopper"}}\n'
-                    '</tool_call>')
-
-TURING = SingleScript(
-    question="Where was Alan Turing born?",
-    calls=(("search", {"query": "Alan Turing born"}), ("open", {"id": "d2"})),
-    answer="\\boxed{Maida Vale}")
-
-# The settings every test shares (one compilation of the slot loop).
-BASE = RolloutConfig(mode="matpo", group_size=1, slots=3, max_context=1024, max_new_tokens=48,
-                     max_worker_calls_per_turn=2, report_max_chars=REPORT_MAX_CHARS,
-                     temperature=0.0, max_turns_planner=4, max_turns_worker=4)
+from rollout_scenarios import ADA, BASE, MALFORMED, PAIR, REPORT_MAX_CHARS, TURING
+from scripted_agents import CORPUS, scripted_policy
 
 
 @pytest.fixture(scope="session")
@@ -110,18 +65,3 @@ def rollout(policy, toolbox):
                             jax.random.key(0))
 
     return run
-
-
-def assert_masks_and_logprobs(policy, rollouts):
-    """Trainable tokens are exactly the sampled ones, and their log-probs are the model's."""
-    teacher = policy.teacher_logprobs([r.tokens for r in rollouts], BASE.max_context)
-    for rollout, row in zip(rollouts, teacher):
-        assert len(rollout.tokens) == len(rollout.trainable) == len(rollout.logprobs)
-        trainable = np.array(rollout.trainable)
-        logprobs = np.array(rollout.logprobs)
-        assert np.all(logprobs[~trainable] == 0.0)
-        sampled = [t for t, m in zip(rollout.tokens, rollout.trainable) if m]
-        assert policy.chat.decode(sampled) == "".join(rollout.assistant_texts)
-        positions = np.flatnonzero(trainable)
-        assert positions.min() > 0  # every sampled token follows a prompt
-        np.testing.assert_allclose(logprobs[positions], row[positions - 1], atol=2e-3)

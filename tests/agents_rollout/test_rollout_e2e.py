@@ -12,7 +12,7 @@ import pytest
 from matpo_jax.agents import prompts
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 
-from conftest import ADA, PAIR, REPORT_MAX_CHARS, TURING, assert_masks_and_logprobs
+from rollout_scenarios import ADA, PAIR, REPORT_MAX_CHARS, TURING, assert_masks_and_logprobs
 
 
 def contains(haystack, needle) -> bool:

@@ -11,7 +11,7 @@ from matpo_jax.agents.rollout import FINISH_REASONS, RolloutConfig, RolloutConfi
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, SlotScheduler
 from matpo_jax.agents.trajectory import PLANNER, WORKER
 
-from conftest import ADA, BASE, MALFORMED, PAIR, REPORT_MAX_CHARS, assert_masks_and_logprobs
+from rollout_scenarios import ADA, BASE, MALFORMED, PAIR, REPORT_MAX_CHARS, assert_masks_and_logprobs
 
 
 def block_at(tokens, block) -> int:

@@ -106,7 +106,7 @@ def test_sharded_prefill_matches_unsharded(reference):
     graphdef, state = nnx.split(parallel.shard_model(nnx.clone(model), mesh))
     cache = init_cache(CONFIG, batch=4, max_len=12)
     cache = jax.device_put(cache, parallel.cache_shardings(cache, mesh))
-    assert cache.k.sharding.spec == P(None, ("data", "fsdp"), None, "tensor")
+    assert all(k.sharding.spec == P(("data", "fsdp"), "tensor") for k in cache.k + cache.v)
     prefill = jax.jit(lambda state, t, n, c: nnx.merge(graphdef, state).prefill(t, n, c))
     lengths = jnp.array([10, 4, 7, 1])
     logits, cache = prefill(state, jnp.asarray(TOKENS), lengths, cache)

@@ -5,7 +5,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 from matpo_jax.model import (KVCache, Qwen3Config, Qwen3ForCausalLM, init_cache, load_pretrained,
@@ -16,6 +15,11 @@ TOL = 1e-4
 
 def tokens(shape, seed=0, vocab=128):
     return np.random.RandomState(seed).randint(0, vocab, shape).astype(np.int32)
+
+
+def layers(per_layer):
+    """The per-layer cache arrays stacked: [layers, batch, kv_heads, max_len, head_dim]."""
+    return np.stack([np.asarray(x) for x in per_layer])
 
 
 def max_diff(a, b):
@@ -96,14 +100,14 @@ def test_cached_generation_matches_full_forward(untied_model, untied_checkpoint,
                                   jnp.asarray(active, bool))
         check(logits[:, None], active)
         if not active[1]:  # a paused row is untouched
-            np.testing.assert_array_equal(cache.k[:, 1], before.k[:, 1])
+            np.testing.assert_array_equal(layers(cache.k)[:, 1], layers(before.k)[:, 1])
             assert int(cache.lengths[1]) == int(before.lengths[1])
     tool_response = np.array([5, 3, 0])  # row 2 gets nothing and must stay as it is
     before = cache
     logits, cache = jit_apply(model, "extend", jnp.asarray(chunk(5, tool_response)),
                               jnp.asarray(tool_response), cache)
     check(logits, tool_response)
-    np.testing.assert_array_equal(cache.k[:, 2], before.k[:, 2])
+    np.testing.assert_array_equal(layers(cache.k)[:, 2], layers(before.k)[:, 2])
     for _ in range(2):
         logits, cache = jit_apply(model, "decode", jnp.asarray(sequences[np.arange(3), written]),
                                   cache, jnp.ones(3, bool))
@@ -123,10 +127,10 @@ def test_writes_past_max_len_are_dropped_not_wrapped(untied_model, untied_checkp
     logits, cache = jit_apply(untied_model, "extend", jnp.asarray(sequences[:, 4:8]),
                               jnp.array([4, 0]), cache)
     assert cache.lengths.tolist() == [8, 2]  # overflow is visible to the caller
-    np.testing.assert_array_equal(cache.k[:, 0, :4], before.k[:, 0, :4])  # nothing wrapped
-    np.testing.assert_array_equal(cache.v[:, 0, :4], before.v[:, 0, :4])
-    np.testing.assert_array_equal(cache.k[:, 1], before.k[:, 1])  # num_valid 0: untouched
-    assert not np.array_equal(cache.k[:, 0, 4:6], before.k[:, 0, 4:6])  # in-range slots written
+    np.testing.assert_array_equal(layers(cache.k)[:, 0, :, :4], layers(before.k)[:, 0, :, :4])  # nothing wrapped
+    np.testing.assert_array_equal(layers(cache.v)[:, 0, :, :4], layers(before.v)[:, 0, :, :4])
+    np.testing.assert_array_equal(layers(cache.k)[:, 1], layers(before.k)[:, 1])  # num_valid 0: untouched
+    assert not np.array_equal(layers(cache.k)[:, 0, :, 4:6], layers(before.k)[:, 0, :, 4:6])  # in-range slots written
     # Tokens that still fit in the cache have exact logits.
     assert max_diff(logits[0, :2], expected[0, 4:6]) < TOL
 
@@ -162,7 +166,7 @@ def test_bfloat16_compute_runs_and_stays_close(untied_checkpoint, untied_model, 
     print(f"\nbfloat16 vs float32 compute: max|diff|={diff:.3f} (max|logit|={scale:.2f})")
     assert diff < 0.1 * scale
     cache = init_cache(model16.config, batch=2, max_len=16)
-    assert cache.k.dtype == jnp.bfloat16
+    assert all(k.dtype == jnp.bfloat16 for k in cache.k + cache.v)
     logits, cache = jit_apply(model16, "prefill", batch, jnp.array([12, 7]), cache)
     assert max_diff(logits[1, :7], logits32[1, :7]) < 0.1 * scale
 
@@ -174,7 +178,8 @@ def test_fresh_model_shapes_and_cache_contract():
     model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     assert not hasattr(model, "lm_head")
     cache = init_cache(config, batch=2, max_len=5)
-    assert isinstance(cache, KVCache) and cache.k.shape == (1, 2, 5, 1, 8)
+    # Per layer, heads-major: [batch, kv_heads, max_len, head_dim].
+    assert isinstance(cache, KVCache) and [k.shape for k in cache.k + cache.v] == [(2, 1, 5, 8)] * 2
     assert cache.lengths.dtype == jnp.int32 and cache.max_len == 5
     logits, cache = model.decode(jnp.array([1, 2]), cache, jnp.array([True, False]))
     assert logits.shape == (2, 64) and cache.lengths.tolist() == [1, 0]
