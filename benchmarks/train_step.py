@@ -32,6 +32,7 @@ from matpo_jax.rl import train_step as ts
 from matpo_jax.rl.advantages import group_advantages
 
 RESULTS = Path(__file__).parent / "results"
+ROWS_PER_MICRO = 0  # set from --rows-per-micro
 MODEL_30M = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=7,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=64)
 MODEL_TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -103,7 +104,11 @@ def useful_flops(batch: packing.PackedBatch, config: Qwen3Config, matmul_params:
 def time_layout(name, batch, model, mesh, tx, repeats):
     """Compile once ahead of time, then time `repeats` steps (wall clock, blocking)."""
     rows = batch.shape[0]
-    config = ts.TrainStepConfig(micro_batches=rows)  # one row per micro-batch in both layouts
+    # Same micro-batch size (rows) in both layouts; bigger micro-batches mean bigger matmuls.
+    micro = max(1, rows // max(1, ROWS_PER_MICRO)) if ROWS_PER_MICRO else 1
+    while rows % micro:
+        micro += 1
+    config = ts.TrainStepConfig(micro_batches=micro)
     graphdef, state, shardings = ts.init_train_state(model, tx, mesh)
     step = ts.make_train_step(graphdef, tx, config, mesh, shardings)
     device_batch = jax.device_put(batch, parallel.batch_sharding(mesh))
@@ -135,8 +140,12 @@ def main():
     parser.add_argument("--planners", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows-per-micro", type=int, default=1,
+                        help="rows per gradient-accumulation micro-batch (0: the whole batch)")
     parser.add_argument("--quick", action="store_true", help="tiny model and lengths; no files")
     args = parser.parse_args()
+    global ROWS_PER_MICRO
+    ROWS_PER_MICRO = args.rows_per_micro
 
     load_start = os.getloadavg()
     model_kw, scale = (MODEL_TINY, 0.125) if args.quick else (MODEL_30M, 1.0)
@@ -184,7 +193,7 @@ def main():
                    planners=args.planners, sequences=len(seqs),
                    planner_lengths=[len(s) for s in seqs if s.role_id == 0],
                    worker_lengths=[len(s) for s in seqs if s.role_id == 1],
-                   micro_batch="one row per micro-batch, both layouts", devices=1,
+                   micro_batch=(f"{args.rows_per_micro} rows per micro-batch" if args.rows_per_micro else "whole batch in one micro-batch") + ", both layouts", devices=1,
                    step_flops_useful=flops),
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(),
                      jax=jax.__version__, loadavg_start=load_start, loadavg_end=os.getloadavg(),
@@ -208,7 +217,7 @@ def markdown(report) -> str:
         f"{setup['planners']} planner rollouts ({min(setup['planner_lengths'])}-"
         f"{max(setup['planner_lengths'])} tokens) and {len(setup['worker_lengths'])} worker "
         f"rollouts ({min(setup['worker_lengths'])}-{max(setup['worker_lengths'])} tokens); "
-        "one row per micro-batch in both layouts. Produced by `python benchmarks/train_step.py`.",
+        "the same micro-batching in both layouts (see json). Produced by `python benchmarks/train_step.py`.",
         "",
         "| layout | rows x len | packing efficiency | tokens | step (s) | step (CPU s) "
         "| tokens/s | tokens/CPU s | loss tokens/s |",
