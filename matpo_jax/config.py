@@ -170,6 +170,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.num_demos = 512
     c.sft.wasted_search = 0.1  # oracle detours per hop: an off-target search first
     c.sft.wrong_open = 0.1  # oracle detours per hop: open a wrong result first
+    # Copy pre-training (copy_pretraining.py): steps of "span, separator, same span" rows cut from
+    # the world's corpus, loss on the repeat only, run before SFT step 0 with its own optimizer
+    # (same lr/schedule shape, fresh Adam state for SFT). 0 = off.
+    c.sft.copy_steps = 0
+    c.sft.copy_span = 64  # tokens per copied span (a sequence is 2 * copy_span + 1 tokens)
+    c.sft.copy_shuffle = False  # permute each span's tokens: only copying predicts the repeat
+    c.sft.copy_lr = 0.0  # peak lr of the copy phase; 0: sft.lr
+    # Loss weight of trainable SFT tokens that copy a span of the context (tool-call arguments,
+    # answers, reported facts) relative to the other trainable tokens; the loss is renormalised
+    # so it stays a weighted mean. 1.0 = plain cross-entropy.
+    c.sft.copy_weight = 1.0
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100  # RL steps
@@ -259,6 +270,10 @@ RANGES: dict[str, Interval] = {
     "sft.lr": POSITIVE,
     "sft.batch_size": AT_LEAST_ONE,
     "sft.num_demos": NON_NEGATIVE,
+    "sft.copy_steps": NON_NEGATIVE,
+    "sft.copy_span": AT_LEAST_ONE,
+    "sft.copy_lr": NON_NEGATIVE,
+    "sft.copy_weight": POSITIVE,
     "train.steps": NON_NEGATIVE,
     "train.log_every": AT_LEAST_ONE,
     "train.eval_every": NON_NEGATIVE,

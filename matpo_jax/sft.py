@@ -17,7 +17,8 @@ from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
 from matpo_jax.rl import packing
 from matpo_jax.rl import train_step as step_lib
 from matpo_jax.runtime import Runtime, numpy_rng, optimizer_config, step_config
-from matpo_jax.sft_data import demonstration_sequences, demonstrations
+from matpo_jax.copy_pretraining import run_copy_pretraining
+from matpo_jax.sft_data import copy_loss_scale, demonstration_sequences, demonstrations
 from matpo_jax.world_assets import question_from_record
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,11 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
     if start >= steps:
         checkpoints.close()
         return graphdef, state
+    if start == 0 and int(cfg.sft.copy_steps) > 0:
+        # Copy pre-training (copy_pretraining.py) folds into SFT's INITIAL parameters: it runs only
+        # before SFT step 0 and is not counted in the SFT step counter; an SFT checkpoint already
+        # contains it. SFT's optimizer state stays fresh (Adam moments do not depend on params).
+        state = state.replace(params=run_copy_pretraining(rt, model))
 
     seqs = build_sft_sequences(rt)
     max_len = int(cfg.rl.pack_len)
@@ -95,6 +101,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
             local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
                      for k in range(len(chosen))]
             batch = packing.layout_bins(chosen_seqs, local, rows, max_len, max_len, scfg.loss)
+            copy_loss_scale(batch, chosen_seqs, local, float(cfg.sft.copy_weight))
             state, metrics = step_fn(state, batch)
             if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:
                 record = {f"sft/{k}": float(np.asarray(v)) for k, v in metrics.items()}

@@ -6,6 +6,8 @@ and tool outputs come from the same tool clients the rollouts call.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from matpo_jax.agents.trajectory import ROLE_IDS, PLANNER, SINGLE, WORKER
@@ -13,6 +15,65 @@ from matpo_jax.data.oracle import Demonstration, Oracle
 from matpo_jax.data.synthetic_world import Question
 from matpo_jax.rl.packing import TrainSequence
 from matpo_jax.tokenizer import ChatFormat
+
+
+COPY_NGRAM = 2  # a trainable token copies the context if it lies in a bigram the context holds
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSequence(TrainSequence):
+    """A demonstration sequence plus which of its trainable tokens copy from the context."""
+
+    copy_mask: np.ndarray | None = None  # bool [L]
+
+
+def copy_token_mask(tokens, trainable, context_start: int = 0, n: int = COPY_NGRAM) -> np.ndarray:
+    """Trainable tokens that repeat a span of the EARLIER non-trainable context.
+
+    A window of n consecutive trainable tokens whose n-gram occurs among the non-trainable tokens
+    before it (from `context_start`, i.e. after the system prompt, so the tool schemas' JSON
+    template does not count) marks its tokens, plus the trainable token just before the run: the
+    token that picks WHICH span to copy (often merged with a quote by the tokenizer). This catches
+    entity names, page ids and relations in tool-call arguments, facts, reports and the answer.
+    """
+    tokens = np.asarray(tokens)
+    trainable = np.asarray(trainable, bool)
+    mask = np.zeros(len(tokens), bool)
+    seen: set[tuple] = set()
+    for j in range(len(tokens) - n + 1):
+        window = slice(j, j + n)
+        if trainable[window].all():
+            if tuple(tokens[window].tolist()) in seen:
+                mask[window] = True
+        elif j >= context_start and not trainable[window].any():
+            seen.add(tuple(tokens[window].tolist()))
+    starts = np.flatnonzero(mask[1:] & ~mask[:-1]) + 1
+    left = starts - 1
+    mask[left[trainable[left]]] = True
+    return mask
+
+
+def copy_loss_scale(batch, seqs, bins, copy_weight: float) -> None:
+    """Multiplies the loss weights of copy tokens by `copy_weight`, IN PLACE, renormalised.
+
+    `batch` was laid out by `packing.layout_bins(seqs, bins, ...)`; the weights are rescaled so
+    sum(loss_weights * loss_mask) is unchanged (the loss stays a weighted mean of the same mass).
+    """
+    if copy_weight == 1.0:
+        return
+    scale = np.ones(batch.loss_weights.shape, np.float32)
+    for row, members in enumerate(bins):
+        start = 0
+        for i in members:
+            n = len(seqs[i])
+            copy = getattr(seqs[i], "copy_mask", None)
+            if copy is not None:
+                scale[row, start:start + n][copy] = copy_weight
+            start += n
+    w = batch.loss_weights * batch.loss_mask
+    total, scaled = float(w.sum()), float((w * scale).sum())
+    if scaled > 0:
+        batch.loss_weights[...] = batch.loss_weights * scale * np.float32(total / scaled)
 
 
 def demonstrations(oracle: Oracle, questions: list[Question], mode: str,
@@ -28,9 +89,16 @@ def _sequence(chat: ChatFormat, demo: Demonstration, rollout_id: int, group_id: 
     ids, trainable = chat.render(demo.messages)
     if len(ids) > max_len:  # too long for the context budget: a policy could not produce it either
         return None
-    return TrainSequence(tokens=np.asarray(ids, np.int32), trainable=np.asarray(trainable, bool),
-                         old_logprobs=np.zeros(len(ids), np.float32), advantage=1.0,
-                         role_id=ROLE_IDS[demo.role], rollout_id=rollout_id, group_id=group_id)
+    ids = np.asarray(ids, np.int32)
+    trainable = np.asarray(trainable, bool)
+    # The context to copy from starts after the system prompt (its first <|im_end|>).
+    ends = np.flatnonzero(ids == chat.im_end_id)
+    system = bool(demo.messages) and demo.messages[0]["role"] == "system"
+    context_start = int(ends[0]) + 1 if system and len(ends) else 0
+    return SFTSequence(tokens=ids, trainable=trainable,
+                       old_logprobs=np.zeros(len(ids), np.float32), advantage=1.0,
+                       role_id=ROLE_IDS[demo.role], rollout_id=rollout_id, group_id=group_id,
+                       copy_mask=copy_token_mask(ids, trainable, context_start))
 
 
 def demonstration_sequences(chat: ChatFormat, demos: list[Demonstration],

@@ -54,3 +54,21 @@ def test_workers_belong_to_their_planner_and_long_groups_are_dropped_whole(setup
         assert sum(s.group_id == group for s in kept) == sum(s.group_id == group for s in seqs)
     assert all(len(s) <= longest_worker - 1 for s in kept)
     assert np.all([s.trainable.any() for s in kept])
+
+
+def test_copy_mask_covers_the_copied_answer_and_only_trainable_tokens(setup):
+    from matpo_jax.tokenizer import extract_final_answer
+
+    chat, demos = setup
+    seqs = demonstration_sequences(chat, demos, max_len=100_000)
+    conversations = [c for d in demos for c in [d, *d.workers]]
+    for seq, conv in zip(seqs, conversations):
+        assert seq.copy_mask.shape == seq.trainable.shape
+        assert seq.trainable[seq.copy_mask].all()
+        if conv.role != PLANNER:
+            continue
+        # the planner's final turn: its boxed answer repeats a worker report, so it is marked
+        answer = extract_final_answer(conv.messages[-1]["content"]).strip()
+        ends = np.flatnonzero(~seq.trainable[:-1] & seq.trainable[1:]) + 1
+        last = np.arange(len(seq)) >= ends[-1]
+        assert answer in chat.decode(seq.tokens[last & seq.copy_mask])
