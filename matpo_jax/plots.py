@@ -17,8 +17,9 @@ from matplotlib.figure import Figure
 from matpo_jax.metrics import load_metrics, series, split_role
 
 # Base names (role suffix removed) of the curves worth a first look, in panel order.
-MAIN_CURVES = ("reward_mean", "accuracy", "loss", "response_tokens_mean", "tool_calls_mean",
-               "worker_calls_mean")
+# The keys the training loop logs (rl_loop / rewards / metrics.rollout_stats / evaluate).
+MAIN_CURVES = ("reward/mean", "reward/accuracy", "eval/accuracy", "loss", "response_tokens_mean",
+               "tool_calls_mean", "worker_calls_mean", "rollout/slot_utilisation", "sft/loss")
 _NOT_METRICS = ("step", "time")
 
 
