@@ -34,12 +34,6 @@ class WorldAssets:
     tokenizer_dir: str
     chat: ChatFormat
 
-    def documents(self) -> list[synthetic_world.Document]:
-        with open(self.corpus_path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f]
-        return [synthetic_world.Document(id=r["id"], title=r["title"], contents=r["contents"],
-                                         entity_id="") for r in rows]
-
 
 def world_config(cfg) -> synthetic_multihop.SyntheticMultihopConfig:
     data = cfg.data
