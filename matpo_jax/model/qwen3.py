@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
+    blocked_cached_attention, cached_attention)
 from matpo_jax.model.config import Qwen3Config
-
-# Finite "minus infinity": a fully masked row (padding) softmaxes to uniform instead of NaN.
-_MASKED_SCORE = -1e30
+from matpo_jax.model.packed_attention import grouped_attention, packed_attention  # noqa: F401
 
 
 class KVCache(NamedTuple):
@@ -86,152 +86,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
     return rotated.astype(x.dtype)
-
-
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention over a heads-major cache, without repeating K/V: queries are viewed as
-    [kv_heads, group].
-
-    q: [B, T, H, D]; k, v: [B, K, S, D]; mask: [B, T, S] bool (True = may attend).
-    Returns [B, T, H * D].
-    """
-    batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    if q_len == 1:  # a decode step
-        return _decode_attention(q, k, v, mask)
-    q = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
-    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (head_dim ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED_SCORE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
-    return out.reshape(batch, q_len, heads * head_dim)
-
-
-# Key-block size of `blocked_cached_attention` (multi-token extends over a cache).
-CACHE_BLOCK = 128
-
-
-def blocked_cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
-                             lengths: jax.Array, block: int = CACHE_BLOCK) -> jax.Array:
-    """`cached_attention` for a multi-token extend, reading only the filled part of the cache.
-
-    q: [B, T, H, D]; k, v: [B, K, S, D] heads-major cache (new tokens already written);
-    positions: [B, T] each query's slot; lengths: [B] filled slots after the write. Query (b, t)
-    attends slot s iff s <= positions[b, t] and s < lengths[b] (the dense mask of `extend`).
-    Keys are visited in blocks of `block` slots with an online softmax, in a loop that stops at
-    the longest row's length: a prompt written into a fresh 4096-slot row reads its own few
-    hundred slots, not all 4096. Returns [B, T, H * D]; query rows that may attend nothing
-    (padding past num_valid, whose output is ignored) get the mean of the visited values.
-    """
-    batch, q_len, heads, head_dim = q.shape
-    kv_heads, max_len = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    block = min(block, max_len)
-    rows = group * q_len  # query row m = g * T + t, so both products are plain batched matmuls
-    qg = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    qg = qg.reshape(batch, kv_heads, rows, head_dim)
-    limit = jnp.minimum(positions, lengths[:, None] - 1)  # last slot each query may attend
-    limit = jnp.broadcast_to(limit[:, None, :], (batch, group, q_len)).reshape(batch, 1, rows)
-    scale = head_dim ** -0.5
-    num_blocks = jnp.minimum((jnp.max(lengths) + block - 1) // block, -(-max_len // block))
-
-    def visit(index, carry):
-        top, total, acc = carry
-        # The last block is shifted back to stay in bounds; slots seen before are masked.
-        start = jnp.minimum(index * block, max_len - block)
-        k_block = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
-        v_block = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
-        slots = start + jnp.arange(block, dtype=jnp.int32)
-        valid = (slots >= index * block)[None, None, :] & (slots[None, None, :] <= limit[..., None])
-        scores = jnp.einsum("bkmd,bksd->bkms", qg, k_block, preferred_element_type=jnp.float32)
-        scores = jnp.where(valid, scores * scale, _MASKED_SCORE)
-        new_top = jnp.maximum(top, jnp.max(scores, axis=-1))
-        probs = jnp.exp(scores - new_top[..., None])
-        correction = jnp.exp(top - new_top)
-        total = total * correction + jnp.sum(probs, axis=-1)
-        acc = acc * correction[..., None] + jnp.einsum(
-            "bkms,bksd->bkmd", probs.astype(v.dtype), v_block, preferred_element_type=jnp.float32)
-        return new_top, total, acc
-
-    init = (jnp.full((batch, kv_heads, rows), _MASKED_SCORE, jnp.float32),
-            jnp.zeros((batch, kv_heads, rows), jnp.float32),
-            jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32))
-    _, total, acc = jax.lax.fori_loop(0, num_blocks, visit, init)
-    out = (acc / jnp.maximum(total, 1e-30)[..., None]).astype(q.dtype)
-    out = out.reshape(batch, kv_heads, group, q_len, head_dim).transpose(0, 3, 1, 2, 4)
-    return out.reshape(batch, q_len, heads * head_dim)
-
-
-def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """`cached_attention` of one query per row, as broadcast products and sums rather than dots:
-    with a handful of query rows per (batch, kv head) the batched dots run as B * K tiny
-    matrix-vector products, while the elementwise form fuses into one pass over the cache (2-3x
-    faster on CPU at B = 32). q: [B, 1, H, D]; k, v: [B, K, S, D]; mask [B, 1, S]."""
-    batch, _, heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    q = q.reshape(batch, kv_heads, heads // kv_heads, 1, head_dim).astype(jnp.float32)
-    scores = jnp.sum(q * k[:, :, None].astype(jnp.float32), axis=-1)  # [B, K, G, S]
-    scores = jnp.where(mask[:, None], scores * (head_dim ** -0.5), _MASKED_SCORE)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=3)  # [B, K, G, D]
-    return out.astype(v.dtype).reshape(batch, 1, heads * head_dim)
-
-
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """`cached_attention` with token-major k, v [B, S, K, D] (the dense reference of
-    packed_attention): q [B, T, H, D], mask [B, T, S] bool -> [B, T, H * D]."""
-    return cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
-
-
-# Query-block size of the packed training attention. 128 keeps the per-block matmuls MXU-aligned
-# on TPU and was fastest (with 64) on CPU fwd+bwd at T=1024 (benchmarks/attention.py).
-ATTENTION_BLOCK = 128
-
-
-def _attend_block(q, k, v, mask):
-    """Softmax attention of one query block: q [B, K, M, D] (M = group * block rows), k, v
-    [B, K, S, D], mask broadcastable to [B, K, M, S] bool. Returns [B, K, M, D]."""
-    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask, scores * (q.shape[-1] ** -0.5), _MASKED_SCORE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkms,bksd->bkmd", probs, v)
-
-
-def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-                     block: int = ATTENTION_BLOCK) -> jax.Array:
-    """Causal attention within equal segment ids (0 = padding), computed block-causally.
-
-    q: [B, T, H, D]; k, v: [B, T, K, D]; segment_ids: [B, T] int. Returns [B, T, H * D], equal
-    (up to float summation order) to `grouped_attention` with the dense packed mask: query block
-    [lo, hi) only attends to keys [0, hi), because every later key is causally masked and a masked
-    score contributes exactly 0 to the softmax. That skips the blocks above the diagonal (about
-    half the work at T = 1024) and never materialises a [B, K, G, T, T] score. Keys are not
-    repeated: each query block is laid out [B, kv_heads, group * block, D] so both products are
-    plain batched matmuls. Padding rows (segment 0) attend to nothing; as in the dense path
-    (uniform softmax over all T keys) they get the mean of v over the row.
-    """
-    batch, length, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    group = heads // kv_heads
-    q = q.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    k_t, v_t = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
-    positions = jnp.arange(length, dtype=jnp.int32)
-    outs = []
-    for lo in range(0, length, block):
-        hi = min(lo + block, length)
-        seg_q = segment_ids[:, lo:hi]
-        mask = ((positions[lo:hi, None] >= positions[None, :hi])[None]
-                & (seg_q[:, :, None] == segment_ids[:, None, :hi]))  # [B, rows, hi]
-        mask = jnp.broadcast_to(mask[:, None, None], (batch, 1, group, hi - lo, hi))
-        out = _attend_block(q[:, :, :, lo:hi].reshape(batch, kv_heads, group * (hi - lo), head_dim),
-                            k_t[:, :, :hi], v_t[:, :, :hi],
-                            mask.reshape(batch, 1, group * (hi - lo), hi))
-        outs.append(out.reshape(batch, kv_heads, group, hi - lo, head_dim))
-    out = jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
-    pad = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)[:, None, :, None, :]
-    out = jnp.where((segment_ids != 0)[:, :, None, None, None], out, pad)
-    return out.reshape(batch, length, heads * head_dim)
 
 
 def _linear(in_features, out_features, config: Qwen3Config, rngs: nnx.Rngs) -> nnx.Linear:
