@@ -30,6 +30,7 @@ from flax import nnx
 
 from matpo_jax.model import Qwen3Config, init_cache, load_pretrained
 from matpo_jax.sampling import Sampling, SlotInjection, generate, run_slots
+from matpo_jax.sampling_ops import first_index_of_max
 
 SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family)
     "4M": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -158,13 +159,13 @@ def decode_step_profile(model, batch, cache_lengths, steps=32, repeats=3):
         def step(_, carry):
             cache, tokens = carry
             logits, cache = decoder.decode(tokens, cache, jnp.ones((batch,), bool))
-            return cache, jnp.argmax(logits, -1).astype(jnp.int32)
+            return cache, first_index_of_max(logits)  # the sampler's greedy pick
         return jax.lax.fori_loop(0, steps, step, (cache, tokens))
 
     @jax.jit
     def cache_free(state):
         decoder = nnx.merge(graphdef, state)
-        step = lambda _, tokens: jnp.argmax(decoder(tokens[:, None])[:, 0], -1).astype(jnp.int32)
+        step = lambda _, tokens: first_index_of_max(decoder(tokens[:, None])[:, 0])
         return jax.lax.fori_loop(0, steps, step, tokens)
 
     runs = {"no_cache": lambda: jax.block_until_ready(cache_free(state))}

@@ -96,11 +96,28 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, sampling: Sampling
     """
     logits = logits.astype(jnp.float32)
     scaled = logits / sampling.logprob_temperature
+    top = jnp.max(scaled, axis=-1, keepdims=True)
     if sampling.is_greedy:
-        tokens = jnp.argmax(logits, axis=-1)
+        tokens = first_index_of_max(scaled, top)
     else:
         truncated = truncate_top_p(truncate_top_k(scaled, sampling.top_k), sampling.top_p)
-        tokens = jax.vmap(jax.random.categorical)(keys, truncated)
-    tokens = tokens.astype(jnp.int32)
-    logprobs = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)
-    return tokens, logprobs[:, 0]
+        # jax.random.categorical's Gumbel-max draw, with the fast argmax below.
+        noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:]))(keys)
+        tokens = first_index_of_max(truncated + noise)
+    # log_softmax at the chosen token only: the [B, V] log-probs are never materialised.
+    log_total = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
+    chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    return tokens, chosen - log_total
+
+
+def first_index_of_max(x: jax.Array, top: jax.Array | None = None) -> jax.Array:
+    """jnp.argmax over the last axis (ties -> lowest index) as two single-output reductions.
+
+    XLA:CPU runs argmax as one variadic (value, index) reduce in its generic loop emitter: ~0.6 ms
+    for [32, 4096], a sixth of a small model's decode step. A max and a min over a masked iota
+    go to the vectorised reduce kernels. `top`: the row maxima [..., 1] if already computed.
+    A row without a match (NaN logits) gets the last index."""
+    size = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True) if top is None else top
+    index = jnp.min(jnp.where(x == top, jnp.arange(size, dtype=jnp.int32), size), axis=-1)
+    return jnp.minimum(index, size - 1)

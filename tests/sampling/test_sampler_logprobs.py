@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from matpo_jax.sampling import Sampling, run_slots
-from matpo_jax.sampling_ops import (SamplingConfigError, sample_tokens, truncate_top_k,
-                                    truncate_top_p)
+from matpo_jax.sampling_ops import (SamplingConfigError, first_index_of_max, sample_tokens,
+                                    truncate_top_k, truncate_top_p)
 
 TEMPERATURE, TOP_P = 0.7, 0.8
 PROMPTS = [[4, 4, 1], [60, 2, 33, 12, 5, 8, 19], [11], [90, 91]]
@@ -97,6 +97,18 @@ def test_greedy_records_the_temperature_one_logprob():
                                      Sampling(temperature=0.0))
     assert int(tokens[0]) == 1
     np.testing.assert_allclose(float(logprobs[0]), float(jax.nn.log_softmax(logits)[0, 1]), atol=1e-6)
+
+
+def test_first_index_of_max_is_argmax_and_draws_equal_categorical():
+    """The two-reduction argmax the sampler uses agrees with jnp.argmax (ties -> lowest index,
+    -inf entries), and the Gumbel-max draw built on it picks jax.random.categorical's tokens."""
+    ties = jnp.array([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [-jnp.inf, 2.0, -jnp.inf, 2.0]])
+    np.testing.assert_array_equal(first_index_of_max(ties), jnp.argmax(ties, -1))
+    logits = jax.random.normal(jax.random.key(5), (256, 97))
+    np.testing.assert_array_equal(first_index_of_max(logits), jnp.argmax(logits, -1))
+    keys = jax.random.split(jax.random.key(6), 256)
+    tokens, _ = sample_tokens(logits, keys, Sampling())
+    np.testing.assert_array_equal(tokens, jax.vmap(jax.random.categorical)(keys, logits))
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5),
