@@ -101,44 +101,64 @@ def useful_flops(batch: packing.PackedBatch, config: Qwen3Config, matmul_params:
     return 6 * matmul_params * tokens + attention * config.num_hidden_layers
 
 
-def time_layout(name, batch, model, mesh, tx, repeats):
-    """Compile once ahead of time, then time `repeats` steps (wall clock, blocking)."""
-    rows = batch.shape[0]
-    # Same micro-batch size (rows) in both layouts; bigger micro-batches mean bigger matmuls.
-    micro = max(1, rows // max(1, ROWS_PER_MICRO)) if ROWS_PER_MICRO else 1
-    while rows % micro:
-        micro += 1
-    config = ts.TrainStepConfig(micro_batches=micro)
-    graphdef, state, shardings = ts.init_train_state(model, tx, mesh)
-    step = ts.make_train_step(graphdef, tx, config, mesh, shardings)
-    device_batch = jax.device_put(batch, parallel.batch_sharding(mesh))
-    start = time.perf_counter()
-    compiled = step.jitted.lower(state, device_batch).compile()
-    compile_s = time.perf_counter() - start
-    times, cpu_times = [], []
-    for _ in range(repeats):
+class Layout:
+    """One layout's compiled step and its timings; `step()` runs and times one blocking step."""
+
+    def __init__(self, name, batch, model, mesh, tx):
+        self.name, self.batch = name, batch
+        rows = batch.shape[0]
+        # Same micro-batch size (rows) in both layouts; bigger micro-batches mean bigger matmuls.
+        micro = max(1, rows // max(1, ROWS_PER_MICRO)) if ROWS_PER_MICRO else 1
+        while rows % micro:
+            micro += 1
+        config = ts.TrainStepConfig(micro_batches=micro)
+        graphdef, self.state, shardings = ts.init_train_state(model, tx, mesh)
+        step = ts.make_train_step(graphdef, tx, config, mesh, shardings)
+        self.device_batch = jax.device_put(batch, parallel.batch_sharding(mesh))
+        start = time.perf_counter()
+        self.compiled = step.jitted.lower(self.state, self.device_batch).compile()
+        self.compile_s = time.perf_counter() - start
+        self.times, self.cpu_times, self.metrics = [], [], None
+
+    def step(self):
         start, cpu_start = time.perf_counter(), time.process_time()
-        state, metrics = compiled(state, device_batch)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
-    step_s, step_cpu_s = min(times), min(cpu_times)
-    real_tokens = int((batch.segment_ids > 0).sum())
-    print(f"{name}: shape {batch.shape}, efficiency {batch.efficiency():.3f}, compile "
-          f"{compile_s:.1f}s, step {step_s:.2f}s ({step_cpu_s:.1f} CPU s), "
-          f"loss {float(metrics['loss']):.4f}", flush=True)
-    return dict(layout=name, rows=rows, row_len=batch.shape[1], efficiency=batch.efficiency(),
-                tokens=real_tokens, loss_tokens=batch.num_loss_tokens(), compile_s=compile_s,
-                step_s=step_s, step_cpu_s=step_cpu_s, all_step_s=times,
-                tokens_per_s=real_tokens / step_s, tokens_per_cpu_s=real_tokens / step_cpu_s,
-                loss_tokens_per_s=batch.num_loss_tokens() / step_s,
-                loss=float(metrics["loss"]))
+        self.state, self.metrics = self.compiled(self.state, self.device_batch)
+        jax.block_until_ready((self.state, self.metrics))
+        self.times.append(time.perf_counter() - start)
+        self.cpu_times.append(time.process_time() - cpu_start)
+
+    def result(self) -> dict:
+        batch, rows = self.batch, self.batch.shape[0]
+        step_s, step_cpu_s = min(self.times), min(self.cpu_times)
+        real_tokens = int((batch.segment_ids > 0).sum())
+        loss = float(self.metrics["loss"])
+        print(f"{self.name}: shape {batch.shape}, efficiency {batch.efficiency():.3f}, compile "
+              f"{self.compile_s:.1f}s, step {step_s:.2f}s ({step_cpu_s:.1f} CPU s), "
+              f"loss {loss:.4f}", flush=True)
+        return dict(layout=self.name, rows=rows, row_len=batch.shape[1],
+                    efficiency=batch.efficiency(), tokens=real_tokens,
+                    loss_tokens=batch.num_loss_tokens(), compile_s=self.compile_s,
+                    step_s=step_s, step_cpu_s=step_cpu_s, all_step_s=self.times,
+                    tokens_per_s=real_tokens / step_s, tokens_per_cpu_s=real_tokens / step_cpu_s,
+                    loss_tokens_per_s=batch.num_loss_tokens() / step_s, loss=loss)
+
+
+def time_layouts(layouts: dict, model, mesh, tx, repeats) -> dict:
+    """Compile every layout ahead of time, then time `repeats` rounds of one step per layout,
+    interleaved so that a change in the machine's other load hits both layouts alike."""
+    compiled = [Layout(name, batch, model, mesh, tx) for name, batch in layouts.items()]
+    for _ in range(repeats):
+        for layout in compiled:
+            layout.step()
+    return {layout.name: layout.result() for layout in compiled}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--planners", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=1)
+    # Best of a few steps, as the matmul peak is the best of many calls: on a shared machine a
+    # single step can absorb a burst of other load.
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows-per-micro", type=int, default=1,
                         help="rows per gradient-accumulation micro-batch (0: the whole batch)")
@@ -168,8 +188,7 @@ def main():
     peak_before = matmul_peak()
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
     tx = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-5))
-    results = {name: time_layout(name, batch, model, mesh, tx, args.repeats)
-               for name, batch in (("packed", packed), ("padded", padded))}
+    results = time_layouts({"packed": packed, "padded": padded}, model, mesh, tx, args.repeats)
     peak_after = matmul_peak()
     peak = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     flops = useful_flops(packed, config, matmul_params)
@@ -190,7 +209,7 @@ def main():
     report = dict(
         summary=summary, layouts=list(results.values()),
         setup=dict(params=total_params, matmul_params=matmul_params, model=model_kw,
-                   planners=args.planners, sequences=len(seqs),
+                   planners=args.planners, sequences=len(seqs), repeats=args.repeats,
                    planner_lengths=[len(s) for s in seqs if s.role_id == 0],
                    worker_lengths=[len(s) for s in seqs if s.role_id == 1],
                    micro_batch=(f"{args.rows_per_micro} rows per micro-batch" if args.rows_per_micro else "whole batch in one micro-batch") + ", both layouts", devices=1,
@@ -217,7 +236,8 @@ def markdown(report) -> str:
         f"{setup['planners']} planner rollouts ({min(setup['planner_lengths'])}-"
         f"{max(setup['planner_lengths'])} tokens) and {len(setup['worker_lengths'])} worker "
         f"rollouts ({min(setup['worker_lengths'])}-{max(setup['worker_lengths'])} tokens); "
-        "the same micro-batching in both layouts (see json). Produced by `python benchmarks/train_step.py`.",
+        "the same micro-batching in both layouts (see json). Step times are the best of "
+        f"{setup.get('repeats', 1)} steps, the layouts' steps interleaved. Produced by `python benchmarks/train_step.py`.",
         "",
         "| layout | rows x len | packing efficiency | tokens | step (s) | step (CPU s) "
         "| tokens/s | tokens/CPU s | loss tokens/s |",

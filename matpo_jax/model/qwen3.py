@@ -14,6 +14,7 @@ from flax import nnx
 
 from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
     blocked_cached_attention, cached_attention)
+from matpo_jax.model import projection
 from matpo_jax.model.config import Qwen3Config
 from matpo_jax.model.packed_attention import grouped_attention, packed_attention  # noqa: F401
 
@@ -89,9 +90,11 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def _linear(in_features, out_features, config: Qwen3Config, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(in_features, out_features, use_bias=False, dtype=jnp.dtype(config.dtype),
-                      param_dtype=jnp.dtype(config.param_dtype),
-                      kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
+    # nnx.Linear with a backward pass that XLA:CPU compiles well (see projection.py).
+    return projection.Linear(
+        in_features, out_features, use_bias=False, dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
 
 
 def _norm(dim: int, config: Qwen3Config) -> RMSNorm:
@@ -156,7 +159,7 @@ class MLP(nnx.Module):
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, config, rngs)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(projection.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nnx.Module):
@@ -273,5 +276,4 @@ class Qwen3ForCausalLM(nnx.Module):
         else:
             head = self.lm_head.kernel[...]
         # float32 accumulation: log-probs for the RL ratio need it even under bfloat16 compute.
-        return jnp.einsum("...d,dv->...v", hidden, head.astype(hidden.dtype),
-                          preferred_element_type=jnp.float32)
+        return projection.project(hidden, head.astype(hidden.dtype), jnp.float32)
