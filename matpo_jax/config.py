@@ -44,6 +44,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.param_dtype": ("float32", "bfloat16"),
     "data.name": ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia_text"),
     "rollout.mode": ("matpo", "single"),
+    "data.fact_style": ("varied", "plain"),
     "rollout.malformed_tool_call": ("error_message", "end_rollout"),
     "tools.search_backend": ("local", "serper", "retrieval"),
     "reward.method": ("exact", "f1", "judge"),
@@ -96,6 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.batch_size = 4  # questions per RL step (each sampled group_size times)
     c.data.shuffle_seed = 0
     c.data.world_seed = 0  # synthetic world: which world to generate
+    c.data.fact_style = "varied"  # synthetic world: "plain" states every fact one way (easier)
     c.data.noise = 0.3  # synthetic world: share of distractor sentences/near-duplicates per page
     c.data.num_entities = 300  # synthetic world size (entities; pages follow)
     c.data.num_questions = 4000  # synthetic questions over all splits and hop counts
@@ -168,6 +170,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.lr = 1e-3
     c.sft.batch_size = 8  # packed rows per step
     c.sft.num_demos = 512
+    c.sft.modes = ""  # demonstrated ways of working, e.g. "matpo+single"; "": rollout.mode
+    # Start from another run's SFT checkpoints (its <workdir>/checkpoints/sft) instead of training:
+    # RL runs of different methods/seeds then share one SFT starting point.
+    c.sft.init_checkpoint = optional_str()
     c.sft.wasted_search = 0.1  # oracle detours per hop: an off-target search first
     c.sft.wrong_open = 0.1  # oracle detours per hop: open a wrong result first
     # Copy pre-training (copy_pretraining.py): steps of "span, separator, same span" rows cut from
@@ -177,10 +183,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft.copy_span = 64  # tokens per copied span (a sequence is 2 * copy_span + 1 tokens)
     c.sft.copy_shuffle = False  # permute each span's tokens: only copying predicts the repeat
     c.sft.copy_lr = 0.0  # peak lr of the copy phase; 0: sft.lr
+    c.sft.copy_every = 0  # every n-th SFT step trains on a copy batch instead (rehearsal); 0: off
     # Loss weight of trainable SFT tokens that copy a span of the context (tool-call arguments,
     # answers, reported facts) relative to the other trainable tokens; the loss is renormalised
     # so it stays a weighted mean. 1.0 = plain cross-entropy.
     c.sft.copy_weight = 1.0
+    # Language-modelling loss on the demonstrations' context tokens (tool responses, user turns),
+    # relative to a trainable token's weight: grows a from-scratch model's copy (induction) heads.
+    c.sft.context_lm_weight = 0.0
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100  # RL steps
@@ -273,7 +283,9 @@ RANGES: dict[str, Interval] = {
     "sft.copy_steps": NON_NEGATIVE,
     "sft.copy_span": AT_LEAST_ONE,
     "sft.copy_lr": NON_NEGATIVE,
+    "sft.copy_every": NON_NEGATIVE,
     "sft.copy_weight": POSITIVE,
+    "sft.context_lm_weight": NON_NEGATIVE,
     "train.steps": NON_NEGATIVE,
     "train.log_every": AT_LEAST_ONE,
     "train.eval_every": NON_NEGATIVE,
@@ -431,6 +443,11 @@ def _consistency_problems(cfg, num_devices: int | None, check_files: bool) -> li
     if cfg.tools.search_backend != "local" and not cfg.tools.search_url:
         problems.append(f"tools.search_url must be set when tools.search_backend = "
                         f"{cfg.tools.search_backend!r}")
+    modes = [m.strip() for m in cfg.sft.modes.split("+") if m.strip()]
+    for mode in modes:
+        if mode not in CHOICES["rollout.mode"]:
+            problems.append(f"sft.modes = {cfg.sft.modes!r}: {mode!r} is not one of "
+                            f"{', '.join(CHOICES['rollout.mode'])}")
     if check_files:
         problems += _missing_file_problems(cfg)
     return problems
@@ -439,7 +456,7 @@ def _consistency_problems(cfg, num_devices: int | None, check_files: bool) -> li
 def _missing_file_problems(cfg) -> list[str]:
     problems = []
     for path_field, required_file in (("model.hf_checkpoint", "config.json"),
-                                      ("model.tokenizer", None)):
+                                      ("model.tokenizer", None), ("sft.init_checkpoint", None)):
         value = _lookup(cfg, path_field)
         if not value or "://" in value:  # unset, or remote storage we cannot stat from here
             continue

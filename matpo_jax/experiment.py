@@ -35,6 +35,13 @@ def _cached_eval(rt: Runtime, tag: str, compute):
     return compute()
 
 
+def _write_summary(rt: Runtime, summary: dict) -> dict:
+    if jax.process_index() == 0:
+        with open(rt.path(SUMMARY_FILE), "w") as f:
+            json.dump(summary, f, indent=1, sort_keys=True)
+    return summary
+
+
 def run_experiment(cfg, workdir: str) -> dict:
     os.makedirs(workdir, exist_ok=True)
     config_lib.save_config(cfg, workdir)
@@ -48,6 +55,9 @@ def run_experiment(cfg, workdir: str) -> dict:
         model = build_model(cfg, mesh)
         with metrics_lib.MetricsWriter(rt.path("sft"), enabled=primary) as sft_writer:
             graphdef, sft_state = run_sft(rt, model, sft_writer)
+        if int(cfg.train.steps) == 0:  # an SFT-only run: a shared start for other runs
+            log.info("train.steps = 0: SFT only, checkpoints in %s", rt.path("checkpoints", "sft"))
+            return _write_summary(rt, {"workdir": os.path.abspath(workdir), "sft_only": True})
         eval_fn = lambda g, s, tag: evaluate(rt, g, s, tag=tag)  # noqa: E731
         sft_eval = _cached_eval(rt, "sft", lambda: eval_fn(graphdef, model_state(sft_state), "sft"))
         resume_step = latest_rl_step(rt)
@@ -59,9 +69,8 @@ def run_experiment(cfg, workdir: str) -> dict:
             writer.write(int(cfg.train.steps), final_eval)
     summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": os.path.abspath(workdir),
                "mode": cfg.rollout.mode}
+    _write_summary(rt, summary)
     if primary:
-        with open(rt.path(SUMMARY_FILE), "w") as f:
-            json.dump(summary, f, indent=1, sort_keys=True)
         plots.plot_curves(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
         if os.path.exists(rt.path("sft", metrics_lib.METRICS_FILE)):
             plots.plot_curves(rt.path("sft", metrics_lib.METRICS_FILE), rt.path("plots", "sft"))

@@ -1,12 +1,16 @@
 """Miniature reproduction of the paper's table: single-agent GRPO vs MATPO (and ablations), several
-noise levels and seeds, same SFT budget and RL budget; writes a markdown table and curves.
+noise levels and seeds, from the SAME SFT starting point with the same RL budget; writes a markdown
+table and curves.
 
     python -m matpo_jax.reproduce --out=docs/repro                         # the full grid
     python -m matpo_jax.reproduce --out=/tmp/r --noise=0.3 --seeds=0 --variants=matpo,single
 
-Each run is `python -m matpo_jax.train --config=configs/synthetic_repro.py:<args>` in its own
-workdir, so an interrupted grid resumes: finished runs are skipped, a killed one continues from its
-last checkpoint. The table reports test-split accuracy (mean +- std over seeds), overall and per hop.
+Per noise level, one SFT-only run (`train.steps=0`) learns both ways of working from demonstrations
+of both (`sft.modes=matpo+single`); every method and seed then starts RL from its checkpoint
+(`sft.init_checkpoint`). Each run is `python -m matpo_jax.train --config=configs/synthetic_repro.py:
+<args>` in its own workdir, so an interrupted grid resumes: finished runs are skipped, a killed one
+continues from its last checkpoint. The table reports test-split accuracy (mean +- std over seeds),
+overall and per hop.
 """
 from __future__ import annotations
 
@@ -48,6 +52,14 @@ def run_one(workdir: str, arg: str, overrides: str) -> dict:
         return json.load(f)
 
 
+def shared_sft(out: str, noise: str, overrides: str) -> str:
+    """The SFT checkpoint directory every run at this noise level starts from (trained once)."""
+    workdir = os.path.join(out, "runs", f"sft_noise{noise}")
+    run_one(workdir, f"mode=matpo,noise={noise},seed=0",
+            ",".join(filter(None, [overrides, "sft.modes=matpo+single", "train.steps=0"])))
+    return os.path.join(os.path.abspath(workdir), "checkpoints", "sft")
+
+
 def table(results: dict, noises, hops_keys) -> str:
     head = "| noise | method | accuracy | " + " | ".join(k.split("_")[-1] for k in hops_keys) + " |"
     lines = [head, "|" + "---|" * (3 + len(hops_keys))]
@@ -66,14 +78,19 @@ def main(argv):
     del argv
     os.makedirs(_OUT.value, exist_ok=True)
     results = {}
+    # One world (dataset, corpus, tokenizer) per noise level, shared by the SFT and RL runs.
+    shared = f"data.data_dir={os.path.abspath(os.path.join(_OUT.value, 'tfds'))}"
+    base_overrides = ",".join(filter(None, [_OVERRIDES.value, shared]))
     for noise in _NOISE.value:
         results[noise] = {}
+        start = shared_sft(_OUT.value, noise, base_overrides)
+        overrides = ",".join([base_overrides, f"sft.init_checkpoint={start}"])
         for variant in _VARIANTS.value:
             runs = []
             for seed in _SEEDS.value:
                 workdir = os.path.join(_OUT.value, "runs", f"{variant}_noise{noise}_seed{seed}")
                 arg = f"{VARIANTS[variant]},noise={noise},seed={seed}"
-                runs.append(run_one(workdir, arg, _OVERRIDES.value))
+                runs.append(run_one(workdir, arg, overrides))
             results[noise][variant] = runs
         curves = {v: [os.path.join(_OUT.value, "runs", f"{v}_noise{noise}_seed{s}", "metrics.jsonl")
                       for s in _SEEDS.value] for v in _VARIANTS.value}

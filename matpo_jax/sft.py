@@ -17,8 +17,10 @@ from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
 from matpo_jax.rl import packing
 from matpo_jax.rl import train_step as step_lib
 from matpo_jax.runtime import Runtime, numpy_rng, optimizer_config, step_config
+from matpo_jax import copy_pretraining as copy_lib
 from matpo_jax.copy_pretraining import run_copy_pretraining
-from matpo_jax.sft_data import copy_loss_scale, demonstration_sequences, demonstrations
+from matpo_jax.sft_data import (add_context_lm, copy_loss_scale, demonstration_sequences,
+                                 demonstrations)
 from matpo_jax.world_assets import question_from_record
 
 log = logging.getLogger(__name__)
@@ -42,14 +44,32 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
                     role_prompts=default_prompts(int(cfg.rollout.report_max_chars)),
                     imperfection=Imperfection(wasted_search=float(cfg.sft.wasted_search),
                                               wrong_open=float(cfg.sft.wrong_open)),
-                    num_results=int(cfg.tools.num_results), seed=int(cfg.train.seed))
-    demos = demonstrations(oracle, questions, cfg.rollout.mode)
+                    num_results=int(cfg.tools.num_results), seed=int(cfg.train.seed),
+                    fact_style=str(cfg.data.fact_style))
+    demos = demonstrations(oracle, questions, sft_modes(cfg))
     seqs = demonstration_sequences(rt.chat, demos, min(int(cfg.rl.pack_len),
                                                        int(cfg.rollout.max_context)))
     log.info("SFT data: %d demonstrations -> %d sequences", len(demos), len(seqs))
     if not seqs:
         raise RuntimeError("no SFT demonstration fits in rl.pack_len / rollout.max_context")
     return seqs
+
+
+def sft_modes(cfg) -> tuple[str, ...]:
+    """Which ways of working the demonstrations show: `sft.modes`, or the rollout mode."""
+    return tuple(m.strip() for m in str(cfg.sft.modes or cfg.rollout.mode).split("+") if m.strip())
+
+
+def _restore_shared_start(cfg, state):
+    """The SFT result of another run (`sft.init_checkpoint`), so several RL runs share one start."""
+    directory = str(cfg.sft.init_checkpoint)
+    with ckpt_lib.Checkpointer(directory) as shared:
+        restored = shared.restore_latest(state.params)
+    if restored is None:
+        raise FileNotFoundError(f"sft.init_checkpoint={directory!r} holds no checkpoint")
+    log.info("SFT start restored from %s (step %d); no SFT steps run here",
+             directory, restored.step)
+    return state.replace(params=restored.params)
 
 
 def _step_bins(bins: list[list[int]], step: int, rows: int, seed: int) -> list[list[int]]:
@@ -68,6 +88,8 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
     tx = step_lib.make_optimizer(optimizer_config(cfg, "sft"))
     scfg = step_config(cfg, "sft")
     graphdef, state, shardings = step_lib.init_train_state(model, tx, rt.mesh, seed=seed)
+    if cfg.sft.init_checkpoint:
+        return graphdef, _restore_shared_start(cfg, state)
     checkpoints = ckpt_lib.Checkpointer(rt.path("checkpoints", "sft"),
                                         save_every=int(cfg.train.checkpoint_every) or steps,
                                         keep=int(cfg.train.keep_checkpoints),
@@ -94,13 +116,27 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
     # Whole rows per data-parallel device; rows beyond the data are left as padding.
     rows = packing.round_up(min(rows, len(bins)), scfg.row_multiple(rt.mesh))
     step_fn = step_lib.make_train_step(graphdef, tx, scfg, rt.mesh, shardings)
+    copy_every = int(cfg.sft.copy_every)
+    if copy_every:
+        stream = copy_lib.corpus_token_stream(rt.chat, rt.assets.corpus_path)
+        separator = rt.chat.tokenizer.encode(copy_lib.SEPARATOR, add_special_tokens=False)
     with metrics_lib.Progress(steps, initial=start, desc="sft", keys=("sft/loss",)) as bar:
         for step in range(start, steps):
+            if copy_every and step % copy_every == copy_every - 1:
+                batch = copy_lib.copy_batch(stream, separator, step, seed=seed, rows=rows,
+                                            max_len=max_len, span=int(cfg.sft.copy_span),
+                                            loss_config=scfg.loss)
+                state, metrics = step_fn(state, batch)
+                bar.update(steps=1)
+                checkpoints.save(step + 1, params=state.params, opt_state=state.opt_state,
+                                 force=step + 1 == steps)
+                continue
             chosen = _step_bins(bins, step, rows, seed)
             chosen_seqs = [seqs[i] for b in chosen for i in b]
             local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
                      for k in range(len(chosen))]
             batch = packing.layout_bins(chosen_seqs, local, rows, max_len, max_len, scfg.loss)
+            add_context_lm(batch, chosen_seqs, local, float(cfg.sft.context_lm_weight))
             copy_loss_scale(batch, chosen_seqs, local, float(cfg.sft.copy_weight))
             state, metrics = step_fn(state, batch)
             if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:

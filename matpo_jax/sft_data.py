@@ -25,6 +25,7 @@ class SFTSequence(TrainSequence):
     """A demonstration sequence plus which of its trainable tokens copy from the context."""
 
     copy_mask: np.ndarray | None = None  # bool [L]
+    context_start: int = 0  # first token after the system prompt
 
 
 def copy_token_mask(tokens, trainable, context_start: int = 0, n: int = COPY_NGRAM) -> np.ndarray:
@@ -76,11 +77,42 @@ def copy_loss_scale(batch, seqs, bins, copy_weight: float) -> None:
         batch.loss_weights[...] = batch.loss_weights * scale * np.float32(total / scaled)
 
 
-def demonstrations(oracle: Oracle, questions: list[Question], mode: str,
+def add_context_lm(batch, seqs, bins, weight: float) -> None:
+    """Adds a language-modelling loss of relative weight `weight` on the NON-trainable tokens after
+    each sequence's system prompt (user turns, tool responses), IN PLACE.
+
+    Why: a model trained from scratch has no induction ("copy what followed this token last time")
+    circuit, and the few copy tokens of the assistant turns are too sparse a signal to grow one in
+    a CPU budget. The tool responses repeat each entity name several times per page, the signal
+    that grows induction heads in pretraining; this is the tiny model's stand-in for pretraining.
+    Each context token weighs `weight` times its sequence's trainable-token weight.
+    """
+    if weight <= 0:
+        return
+    for row, members in enumerate(bins):
+        start = 0
+        for i in members:
+            s, n = seqs[i], len(seqs[i])
+            context = ~np.asarray(s.trainable, bool)
+            context[:max(1, int(getattr(s, "context_start", 0)))] = False
+            span = slice(start, start + n)
+            base = batch.loss_weights[row, span]
+            unit = float(base[np.asarray(s.trainable, bool)].max()) if s.trainable.any() else 0.0
+            batch.loss_mask[row, span][context] = 1.0
+            batch.loss_weights[row, span][context] = np.float32(weight * unit)
+            start += n
+
+
+def demonstrations(oracle: Oracle, questions: list[Question], modes: str | tuple[str, ...],
                    solved_only: bool = True) -> list[Demonstration]:
-    """One demonstration per question: a planner (with its workers) or a single agent."""
-    act = oracle.planner if mode == "matpo" else oracle.single
-    demos = [act(q) for q in questions]
+    """One demonstration per question: a planner (with its workers) or a single agent.
+
+    Several modes take turns over the questions (question i gets modes[i % len(modes)]), so a
+    ("matpo", "single") warm start teaches both ways of working at the same data budget.
+    """
+    modes = (modes,) if isinstance(modes, str) else tuple(modes)
+    acts = [oracle.planner if mode == "matpo" else oracle.single for mode in modes]
+    demos = [acts[i % len(acts)](q) for i, q in enumerate(questions)]
     return [d for d in demos if d.solved or not solved_only]
 
 
@@ -98,7 +130,8 @@ def _sequence(chat: ChatFormat, demo: Demonstration, rollout_id: int, group_id: 
     return SFTSequence(tokens=ids, trainable=trainable,
                        old_logprobs=np.zeros(len(ids), np.float32), advantage=1.0,
                        role_id=ROLE_IDS[demo.role], rollout_id=rollout_id, group_id=group_id,
-                       copy_mask=copy_token_mask(ids, trainable, context_start))
+                       copy_mask=copy_token_mask(ids, trainable, context_start),
+                       context_start=context_start)
 
 
 def demonstration_sequences(chat: ChatFormat, demos: list[Demonstration],

@@ -25,12 +25,14 @@ TAG_TOKENS = (
 QWEN3_SPECIAL_TOKENS = CONTROL_TOKENS + TAG_TOKENS
 
 # Pre-split text the way GPT-4/Qwen-style tokenizers do (contractions, words with one leading
-# non-letter, digits one at a time, punctuation runs, newlines, spaces) so merges never cross
-# word boundaries. Written for this module; single digits keep numbers compositional for a tiny model.
+# non-letter, numbers with one leading space, punctuation runs, newlines, spaces) so merges never
+# cross word boundaries. Written for this module. Whole numbers (not Qwen's digit-by-digit split):
+# a year or population the model must copy from a page is then one token, not four, which a tiny
+# model copies far more reliably.
 _SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
     r"|[^\r\n\p{L}\p{N}]?\p{L}+"
-    r"|\p{N}"
+    r"| ?\p{N}+"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+"
     r"|\s+(?!\S)"

@@ -39,7 +39,8 @@ def world_config(cfg) -> synthetic_multihop.SyntheticMultihopConfig:
     data = cfg.data
     return synthetic_multihop.make_config(
         seed=int(data.world_seed), num_entities=int(data.num_entities), noise=float(data.noise),
-        num_questions=int(data.num_questions), max_hops=int(data.max_hops))
+        num_questions=int(data.num_questions), max_hops=int(data.max_hops),
+        fact_style=str(data.fact_style))
 
 
 def question_from_record(record: dict) -> synthetic_world.Question:
@@ -52,10 +53,13 @@ def question_from_record(record: dict) -> synthetic_world.Question:
 def _tokenizer_texts(builder, corpus_path: str) -> list[str]:
     """Corpus pages plus rendered oracle conversations of every role (train split only)."""
     with open(corpus_path, encoding="utf-8") as f:
-        texts = [json.loads(line)["contents"] for line in f]
+        pages = [json.loads(line) for line in f]
+    # Each page's text, and its id as search listings quote it (the quoted spelling of a name is
+    # other tokens than the spelling after a space; both should be whole words).
+    texts = [page["contents"] for page in pages] + [f'(id: "{page["id"]}")' for page in pages]
     world = synthetic_world.build_world(**builder.builder_config.world_kwargs())
     tools = LocalCorpusTools(world.documents)
-    oracle = Oracle(tools.search, tools.open)
+    oracle = Oracle(tools.search, tools.open, fact_style=builder.builder_config.fact_style)
     for question in world.questions["train"][:TOKENIZER_DEMOS]:
         for demo in (oracle.planner(question), oracle.single(question)):
             texts += [m["content"] for m in demo.messages]

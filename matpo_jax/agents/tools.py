@@ -405,7 +405,7 @@ class PageReader(HttpTool):
             page = body.json()
             _expect(isinstance(page, dict) and isinstance(page.get("contents"), str),
                     "page needs 'contents'")
-            header = f"{page.get('title') or id} (id: {page.get('id', id)})"
+            header = f"{page.get('title') or id} (id: \"{page.get('id', id)}\")"
             return f"{header}\n{page['contents']}"
         text = body.text()
         if "html" in body.content_type:
@@ -416,11 +416,14 @@ class PageReader(HttpTool):
 
 
 def render_hits(query: str, hits: Sequence[tuple[str, str, str]]) -> str:
-    """Compact search results: '1. Title (id: X)\\nsnippet' per hit."""
+    """Compact search results: '1. Title (id: "X")\\nsnippet' per hit.
+
+    The id is quoted as the model will quote it in its `open` call, so both tokenize alike (a
+    BPE word right after a quote is not the word after a space): copying it is then exact."""
     if not hits:
         return f"No results for {query!r}."
     return "\n".join(
-        f"{n}. {_one_line(title)} (id: {link})\n{_one_line(text)}"
+        f"{n}. {_one_line(title)} (id: \"{link}\")\n{_one_line(text)}"
         for n, (title, link, text) in enumerate(hits, 1)
     )
 

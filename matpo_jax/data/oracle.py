@@ -23,12 +23,17 @@ from typing import Callable, Sequence
 from matpo_jax.agents import prompts
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
-from matpo_jax.data.synthetic_world import DOC_ID_PATTERN, Document, Hop, Question
+from matpo_jax.data.synthetic_world import Document, Hop, Question
 from matpo_jax.tokenizer import ChatFormat, format_tool_call
 
 SearchFn = Callable[..., str]  # search(query: str, num: int) -> result text
 OpenFn = Callable[..., str]  # open(id: str) -> page text
-DOC_ID = re.compile(DOC_ID_PATTERN)  # how the oracle reads ids out of any search-result format
+# Page ids in a search listing: the tools' '1. Title (id: "X")' lines or LocalSearch's "[1] X | Title".
+LISTED_ID = re.compile(r'\(id: "(.+?)"\)$|^\[\d+\] (.+?) \|', re.MULTILINE)
+
+
+def listed_ids(listing: str) -> list[str]:
+    return [a or b for a, b in LISTED_ID.findall(listing)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +86,9 @@ def hop_queries(hop: Hop, num_results: int = 5, max_results: int = 10) -> list[t
     """The (query, num) searches the oracle issues for one hop until the fact's page is listed:
     name + relation, then the name alone with more results (a relation word can pull in other
     entities' pages that use it, while the subject's page may phrase the fact without it)."""
-    # "employer of Tarvo Lind": the name follows a space, as in the subtask, so it is the same
-    # tokens there and here (a tiny model learns to copy token for token).
-    return [(f"{hop.relation} of {hop.subject_name}", num_results),
+    # "the employer of Tarvo Lind": relation and name follow a space, as in the subtask, so they
+    # are the same tokens there and here (a tiny model learns to copy token for token).
+    return [(f"the {hop.relation} of {hop.subject_name}", num_results),
             (hop.subject_name, min(2 * num_results, max_results))]
 
 
@@ -111,8 +116,9 @@ class Oracle:
 
     def __init__(self, search: SearchFn, open_page: OpenFn, *, role_prompts: RolePrompts | None = None,
                  imperfection: Imperfection = Imperfection(), num_results: int = 5,
-                 max_results: int = 10, seed: int = 0):
+                 max_results: int = 10, seed: int = 0, fact_style: str = "varied"):
         self.search = search
+        self.fact_style = fact_style  # the world's (synthetic_world.FACT_STYLES): how facts read
         self.open_page = open_page
         self.prompts = role_prompts or default_prompts()
         self.imperfection = imperfection
@@ -132,7 +138,7 @@ class Oracle:
             vague = rng.choice([hop.relation, hop.subject_name.split(" ")[0]])
             self._call(messages, "search", {"query": vague, "num": self.num_results})
         for query, num in hop_queries(hop, self.num_results, self.max_results):
-            listed = DOC_ID.findall(self._call(messages, "search", {"query": query, "num": num}))
+            listed = listed_ids(self._call(messages, "search", {"query": query, "num": num}))
             if hop.doc_id not in listed:
                 continue
             wrong = [d for d in listed if d != hop.doc_id]
@@ -157,9 +163,13 @@ class Oracle:
         messages = [{"role": "system", "content": self.prompts.worker_system},
                     {"role": "user", "content": self.prompts.recap(main_task, hop.subtask)}]
         solved = self._research_hop(hop, messages, rng)
-        fact = f"The {hop.relation} of {hop.subject_name} is {hop.answer}."
+        if self.fact_style == "plain":  # the page's own line, so the worker copies it
+            fact = f"{hop.subject_name} {hop.relation} is {hop.answer}."
+            statement = f"Fact: {fact}"
+        else:
+            fact = statement = f"The {hop.relation} of {hop.subject_name} is {hop.answer}."
         if solved:
-            messages.append(_assistant(fact))
+            messages.append(_assistant(statement))
             report = f"Conclusion: {hop.answer}. Fact: {fact} Source: {hop.doc_id}."
         else:
             messages.append(_assistant(f"I could not find the {hop.relation} of {hop.subject_name}."))

@@ -22,7 +22,7 @@ from matpo_jax.data import synthetic_world
 
 CORPUS_FILENAME = "corpus.jsonl"
 FILE_FORMAT = "array_record"  # random access for grain; written by tfds without TensorFlow
-WORLD_FIELDS = ("seed", "num_entities", "noise", "num_questions", "max_hops")
+WORLD_FIELDS = ("seed", "num_entities", "noise", "num_questions", "max_hops", "fact_style")
 
 
 @dataclasses.dataclass(eq=False)
@@ -34,6 +34,7 @@ class SyntheticMultihopConfig(tfds.core.BuilderConfig):
     noise: float = 0.0
     num_questions: int = 4000
     max_hops: int = 4
+    fact_style: str = "varied"
 
     def world_kwargs(self) -> dict:
         return {field: getattr(self, field) for field in WORLD_FIELDS}
@@ -52,6 +53,8 @@ def make_config(name: str | None = None, **world_kwargs) -> SyntheticMultihopCon
     if name is None:
         name = ("s{seed}_e{num_entities}_n{noise:g}_q{num_questions}_h{max_hops}"
                 .format(**values).replace(".", "p"))
+        if values["fact_style"] != "varied":  # older worlds keep their names
+            name += f"_{values['fact_style']}"
     return SyntheticMultihopConfig(name=name, description=f"synthetic world {values}", **values)
 
 
@@ -59,8 +62,9 @@ class SyntheticMultihop(tfds.core.GeneratorBasedBuilder):
     """Multi-hop questions over a procedurally generated world (see synthetic_world.py)."""
 
     # Bump whenever the generator's output changes, so a cached world is never silently reused.
-    VERSION = tfds.core.Version("1.1.0")
-    RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "Short page ids (d42); shorter texts."}
+    VERSION = tfds.core.Version("1.2.0")
+    RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "Short page ids (d42); shorter texts.",
+                     "1.2.0": "Page ids name their entity (page <name>)."}
     BUILDER_CONFIGS = [
         make_config("default", noise=0.0),
         make_config("noisy", noise=0.5),

@@ -33,7 +33,6 @@ SPLITS = ("train", "validation", "test")
 NUMBER = "number"  # object type of attribute relations (years, populations)
 # Page ids "d42": findable in any tool-output format, and short (no zero padding) so that a tiny
 # model copies a few distinct digit tokens, not a run of look-alike zeros.
-DOC_ID_PATTERN = r"\bd\d+\b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +71,18 @@ RELATIONS = (
         "{s} was published in the year {o}.", "The publication year of {s} is {o}.")),
 )
 RELATION_BY_PHRASE = {r.phrase: r for r in RELATIONS}
+# "varied": each fact in one of its relation's templates ("X works for Y", "Y founded X", ...);
+# "plain": always "X <relation> is Y." (a key-value line: "Funer Labs founder is Pivso Nol."), so
+# the value follows the one pair of words "<relation> is" on the subject's page: reading it is an
+# induction step a tiny from-scratch model learns in minutes on a CPU.
+FACT_STYLES = ("varied", "plain")
+
+
+def plain_template(relation: Relation) -> str:
+    return f"{{s}} {relation.phrase} is {{o}}."
 NUMBER_RANGES = {  # (low, high, step) per attribute
     "birth year": (1900, 2000, 1), "founding year": (1800, 2011, 1),
-    "population": (1000, 99000, 100), "publication year": (1900, 2021, 1)}
+    "population": (1000, 99000, 1000), "publication year": (1900, 2021, 1)}
 
 # Closed word lists: the whole corpus is written from these plus generated names.
 _CONSONANTS = "bdfgklmnprstv"
@@ -229,6 +237,7 @@ def build_world(
     near_duplicate_rate: float = 0.15,
     second_page_rate: float = 0.3,
     max_noise_sentences: int = 24,
+    fact_style: str = "varied",
 ) -> World:
     """Generates a world. `num_questions` is a target shared equally by hop counts 1..max_hops and
     by the splits in proportion to `split_fractions` (fewer when a partition has fewer chains)."""
@@ -236,6 +245,8 @@ def build_world(
         raise ValueError(f"noise must be in [0, 1], got {noise}")
     if not 1 <= max_hops <= 4:
         raise ValueError(f"max_hops must be in 1..4, got {max_hops}")
+    if fact_style not in FACT_STYLES:
+        raise ValueError(f"fact_style must be one of {FACT_STYLES}, got {fact_style!r}")
     if num_entities < 40:
         raise ValueError(f"num_entities must be >= 40 (each split needs every type), got {num_entities}")
     # Independent streams, so the noise knob changes only the noise sentences: the same seed
@@ -245,7 +256,7 @@ def build_world(
     entities = _make_entities(world_rng, num_entities, split_fractions, near_duplicate_rate)
     _assign_facts(world_rng, entities)
     documents = _write_pages(page_rng, noise_rng, entities, noise, second_page_rate,
-                             max_noise_sentences)
+                             max_noise_sentences, fact_style)
     questions = _make_questions(question_rng, entities, num_questions, max_hops, split_fractions)
     return World(seed=seed, noise=noise, entities=entities, documents=documents,
                  questions=questions)
@@ -354,8 +365,8 @@ def _fill(template: str, rng: np.random.Generator, names: dict[str, list[str]], 
     return template.format(**values)
 
 
-def _write_pages(rng, noise_rng, entities, noise, second_page_rate, max_noise_sentences
-                 ) -> list[Document]:
+def _write_pages(rng, noise_rng, entities, noise, second_page_rate, max_noise_sentences,
+                 fact_style: str = "varied") -> list[Document]:
     names = {t: [e.name for e in entities if e.type == t] for t in ENTITY_TYPES}
     by_id = {e.id: e for e in entities}
     documents: list[Document] = []
@@ -367,7 +378,11 @@ def _write_pages(rng, noise_rng, entities, noise, second_page_rate, max_noise_se
         num_pages = 2 if (len(phrases) >= 2 and rng.random() < second_page_rate) else 1
         cut = int(rng.integers(1, len(phrases))) if num_pages == 2 else len(phrases)
         for page, page_phrases in enumerate((phrases[:cut], phrases[cut:])[:num_pages]):
-            doc_id = f"d{len(documents)}"
+            # The page id names its entity, as a wiki URL does ("page Tarvo Lind", a second page
+            # "page Tarvo Lind (2)"): opening the right page means repeating the entity's name,
+            # not a number. The leading word puts the name after a space inside the JSON string,
+            # so it is the same tokens as everywhere else (a tiny model copies token for token).
+            doc_id = f"page {entity.name}" + (f" ({page + 1})" if page else "")
             sentences = [f"{entity.name} is {entity.kind}." if page == 0
                          else f"More about {entity.name}, {entity.kind}."]
             body = []
@@ -376,6 +391,8 @@ def _write_pages(rng, noise_rng, entities, noise, second_page_rate, max_noise_se
                 value = entity.facts[phrase]
                 obj = value if relation.object_type == NUMBER else by_id[value].name
                 template = relation.templates[int(rng.integers(len(relation.templates)))]
+                if fact_style == "plain":  # drawn anyway: the rest of the page stays the same
+                    template = plain_template(relation)
                 body.append(template.format(s=entity.name, o=obj))
                 entity.fact_doc[phrase] = doc_id
             for _ in range(2):

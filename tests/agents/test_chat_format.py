@@ -61,6 +61,17 @@ def test_trained_tokenizer_is_fast_loadable_and_lossless(tmp_path):
     assert tok.chat_template == QWEN3_STYLE_CHAT_TEMPLATE
 
 
+def test_frequent_numbers_and_words_become_one_token_each():
+    # Whole-number pre-tokens: a year repeated in the corpus is one token, as a name is, so the
+    # model copies it from a page in one step; the quoted form of a word is its own token.
+    tok = train_tokenizer(["In the year 1965 Kager Labs was founded. (id: \"Kager Labs\")"] * 30,
+                          vocab_size=320)
+    pieces = lambda text: [tok.decode([i]) for i in tok.encode(text, add_special_tokens=False)]  # noqa: E731
+    assert pieces("year 1965.") == ["year", " 1965", "."]  # digit by digit: " ", "1", "9", ...
+    assert pieces(" Kager Labs") == [" Kager", " Labs"]
+    assert pieces('{"id": "Kager Labs"}')[-4:] == ["Kager", " Labs", '"', '}']
+
+
 def test_train_tokenizer_learns_merges_and_rejects_tiny_vocab(tmp_path):
     tok = train_tokenizer(["Northwind Northwind Northwind"] * 20, vocab_size=300)
     assert len(tok.encode(" Northwind", add_special_tokens=False)) < len(" Northwind")

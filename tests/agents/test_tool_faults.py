@@ -53,7 +53,7 @@ def test_500s_then_success_after_retries(scripted_server, respond):
     server = scripted_server(respond(500), respond(503), respond(body=SEARCH_OK))
     search = SerperSearch(server.url, policy=FAST)
     result, _ = _timed(search, query="x")
-    assert result.ok and result.text == "1. Lyon (id: doc-lyon)\nA city."
+    assert result.ok and result.text == "1. Lyon (id: \"doc-lyon\")\nA city."
     assert len(server.requests) == 3
     assert search.metrics.snapshot() == {"search/calls": 1, "search/ok": 1}
 

@@ -39,7 +39,7 @@ def test_serper_client_renders_compact_results(search_server):
     result = search(query="where was Bob Tanaka born", num=2)
     assert result.ok and result.error_kind is None and not result.truncated
     lines = result.text.split("\n")
-    assert lines[0] == "1. Bob Tanaka (id: doc-bob)"
+    assert lines[0] == "1. Bob Tanaka (id: \"doc-bob\")"
     assert "born in Kyoto" in lines[1]
     assert lines[2].startswith("2. ") and len(lines) == 4
     assert search.metrics.snapshot() == {"search/calls": 1, "search/ok": 1}
@@ -48,7 +48,7 @@ def test_serper_client_renders_compact_results(search_server):
 def test_retrieval_client_uses_search_r1_protocol(search_server):
     result = RetrievalSearch(search_server.url, default_num=1)(query="capital of Norway")
     assert result.ok
-    assert result.text == "1. Oslo (id: doc-oslo)\nOslo is the capital of Norway and home to many shipping companies."
+    assert result.text == "1. Oslo (id: \"doc-oslo\")\nOslo is the capital of Norway and home to many shipping companies."
 
 
 def test_search_without_hits_says_so(search_server):
@@ -59,7 +59,7 @@ def test_search_without_hits_says_so(search_server):
 def test_page_reader_opens_documents_and_reports_missing_ones(search_server):
     reader = PageReader(search_server.url)
     page = reader(id="doc-unicode")
-    assert page.ok and page.text == "Zürich Café (id: doc-unicode)\nDas Café in Zürich serves crème brûlée. 日本語のテキスト."
+    assert page.ok and page.text == "Zürich Café (id: \"doc-unicode\")\nDas Café in Zürich serves crème brûlée. 日本語のテキスト."
     missing = reader(id="doc-none")
     assert not missing.ok and missing.error_kind == CLIENT_ERROR
     assert "404" in missing.text and "no page with id 'doc-none'" in missing.text
@@ -69,14 +69,14 @@ def test_page_reader_opens_documents_and_reports_missing_ones(search_server):
 def test_output_is_capped_to_max_chars(search_server):
     result = PageReader(search_server.url, policy=HttpPolicy(max_chars=20))(id="doc-alice")
     assert result.ok and result.truncated
-    assert result.text == "Alice Moreau (id: do\n[truncated]"
+    assert result.text == "Alice Moreau (id: \"d\n[truncated]"
 
 
 def test_serper_sends_api_key_from_environment(scripted_server, respond, monkeypatch):
     server = scripted_server(respond(body={"organic": [{"title": "T", "link": "https://x.org/a", "snippet": "s  s"}]}))
     monkeypatch.setenv("MY_SEARCH_KEY", "secret-123")
     result = SerperSearch(server.url, api_key_env="MY_SEARCH_KEY")(query="q", num=4)
-    assert result.text == "1. T (id: https://x.org/a)\ns s"
+    assert result.text == "1. T (id: \"https://x.org/a\")\ns s"
     method, path, headers, body = server.requests[0]
     assert (method, path) == ("POST", "/search")
     assert headers["X-API-KEY"] == "secret-123"
@@ -86,7 +86,7 @@ def test_serper_sends_api_key_from_environment(scripted_server, respond, monkeyp
 def test_retrieval_client_reads_titles_from_search_r1_contents(scripted_server, respond):
     hit = {"document": {"id": "17", "contents": '"Lyon"\nLyon is a city.'}, "score": 3.2}
     server = scripted_server(respond(body={"result": [[hit]]}))
-    assert RetrievalSearch(server.url)(query="Lyon").text == "1. Lyon (id: 17)\nLyon is a city."
+    assert RetrievalSearch(server.url)(query="Lyon").text == "1. Lyon (id: \"17\")\nLyon is a city."
     assert json.loads(server.requests[0][3]) == {"queries": ["Lyon"], "topk": 3, "return_scores": True}
 
 
@@ -113,7 +113,7 @@ def test_toolbox_executes_validated_calls(search_server):
     assert box.call("search", {"query": "x", "limit": 3}).error_kind == BAD_ARGUMENTS
     assert box.call("scrape", {}).error_kind == UNKNOWN_TOOL
     retrieval = worker_toolbox(search_server.url, protocol="retrieval", metrics=box.metrics)
-    assert retrieval.call("search", {"query": "Kyoto temples", "num": 1}).text.startswith("1. Kyoto (id: doc-kyoto)")
+    assert retrieval.call("search", {"query": "Kyoto temples", "num": 1}).text.startswith("1. Kyoto (id: \"doc-kyoto\")")
     counts = box.metrics.snapshot()
     assert counts["open/ok"] == 1 and counts["search/ok"] == 1
     assert counts["call/error/malformed_call"] == 1

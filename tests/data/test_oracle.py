@@ -172,3 +172,13 @@ def test_default_prompts_describe_each_roles_tools():
 def test_imperfection_must_be_probabilities():
     with pytest.raises(ValueError, match="wrong_open"):
         Imperfection(wrong_open=1.5)
+
+
+def test_listed_ids_reads_both_listing_formats_including_second_pages():
+    from matpo_jax.data.oracle import listed_ids
+
+    tools_listing = ('1. Kager Labs (id: "Kager Labs")\nKager Labs is a bank.\n'
+                     '2. Kager Labs (id: "Kager Labs (2)")\nMore about Kager Labs (a bank).')
+    assert listed_ids(tools_listing) == ["Kager Labs", "Kager Labs (2)"]
+    local_listing = "[1] Kager Labs (2) | Kager Labs\nMore about it.\n[2] Vop Ren | Vop Ren\nA pilot."
+    assert listed_ids(local_listing) == ["Kager Labs (2)", "Vop Ren"]

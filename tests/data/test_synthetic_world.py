@@ -114,3 +114,21 @@ def test_bad_arguments_name_the_field():
         sw.build_world(0, noise=1.5)
     with pytest.raises(ValueError, match="max_hops"):
         sw.build_world(0, max_hops=5)
+
+
+def test_plain_fact_style_states_every_fact_one_way_and_changes_nothing_else(world,
+                                                                           small_world_kwargs):
+    plain = sw.build_world(seed=7, noise=0.0, fact_style="plain", **small_world_kwargs)
+    assert [q.to_record() for q in plain.all_questions()] == [
+        q.to_record() for q in world.all_questions()]
+    assert [(d.id, d.title) for d in plain.documents] == [(d.id, d.title) for d in world.documents]
+    varied_only = 0
+    for q in plain.all_questions():
+        for hop in q.hops:
+            fact = sw.plain_template(sw.RELATION_BY_PHRASE[hop.relation]).format(
+                s=hop.subject_name, o=hop.answer)
+            assert fact in plain.document(hop.doc_id).contents
+            varied_only += fact not in world.document(hop.doc_id).contents
+    assert varied_only > 0  # the varied world words some of these facts differently
+    with pytest.raises(ValueError, match="fact_style"):
+        sw.build_world(seed=7, fact_style="fancy", **small_world_kwargs)

@@ -161,3 +161,31 @@ def test_nnx_state_round_trip(tmp_path):
     nnx.update(fresh, out.params)
     np.testing.assert_array_equal(fresh.kernel[...], model.kernel[...])
     np.testing.assert_array_equal(fresh.bias[...], model.bias[...])
+
+
+def test_shared_sft_start_restores_another_runs_params(tmp_path):
+    """sft.init_checkpoint: RL runs start from the SFT params another run saved (not their own
+    initialisation), and a directory without checkpoints is an error naming it."""
+    import dataclasses
+
+    from matpo_jax.config import base_config
+    from matpo_jax.sft import _restore_shared_start
+
+    @dataclasses.dataclass
+    class State:
+        params: dict
+
+        def replace(self, **changes):
+            return dataclasses.replace(self, **changes)
+
+    saved, opt_state = trained_state(seed=1)
+    with Checkpointer(tmp_path / "sft", save_every=1, async_save=False) as ckpt:
+        ckpt.save(7, params=saved, opt_state=opt_state, force=True)
+    cfg = base_config()
+    cfg.sft.init_checkpoint = str(tmp_path / "sft")
+    restored = _restore_shared_start(cfg, State(params=small_params(seed=2)))
+    assert_trees_bitwise_equal(restored.params, saved)
+    cfg.sft.init_checkpoint = str(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="sft.init_checkpoint=.*empty"):
+        _restore_shared_start(cfg, State(params=small_params(seed=2)))

@@ -262,3 +262,15 @@ def test_entry_point_reports_bad_overrides_in_one_line(tmp_path):
     bad = run(f"--config={CONFIGS / 'base.py'}", "--config.rl.lrr=0.5")
     assert bad.returncode == 2
     assert bad.stderr.strip() == "FATAL config error: unknown field rl.lrr (did you mean rl.lr?)"
+
+
+def test_shared_sft_start_fields_are_checked(tmp_path):
+    cfg = base_config()
+    cfg.sft.modes = "matpo+singel"
+    cfg.sft.init_checkpoint = str(tmp_path / "sft")
+    assert problems_of(cfg) == [
+        "sft.modes = 'matpo+singel': 'singel' is not one of matpo, single",
+        f"sft.init_checkpoint = '{tmp_path}/sft': directory does not exist"]
+    cfg.sft.modes = "matpo + single"
+    (tmp_path / "sft").mkdir()
+    validate_config(cfg)

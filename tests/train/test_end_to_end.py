@@ -32,7 +32,7 @@ def shrink(data_dir: str, rl_steps: int) -> str:
         f"data.data_dir={data_dir}",
         "rollout.group_size=2", "rollout.max_new_tokens_per_turn=24", "rollout.max_turns_planner=2",
         "rollout.max_turns_worker=2", "rollout.decode_slots=8",
-        "sft.steps=2", "sft.num_demos=16", "sft.batch_size=2",
+        "sft.steps=4", "sft.num_demos=16", "sft.batch_size=2",  # step 4: a copy-rehearsal step
         f"train.steps={rl_steps}", "train.checkpoint_every=1", "train.eval_every=0",
         "train.async_checkpointing=false", "eval.num_questions=4",
     ])
@@ -64,6 +64,24 @@ def test_synthetic_tiny_runs_end_to_end(tmp_path, data_dir):
     assert os.path.exists(os.path.join(workdir, "plots", "overview.png"))
     with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", "rl")) as c:
         assert c.latest_step() == 2
+
+
+def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
+    """train.steps=0 stops after SFT; sft.init_checkpoint starts RL from those params (the
+    reproduction grid's shared starting point) without training SFT again."""
+    from matpo_jax.experiment import run_experiment
+
+    base = shrink(data_dir, rl_steps=0) + ",sft.modes=matpo+single"
+    start = str(tmp_path / "sft_only")
+    summary = run_experiment(validate_config(load_config_file(TINY, base)), start)
+    assert summary["sft_only"] and not os.path.exists(os.path.join(start, "eval"))
+    shared = os.path.join(start, "checkpoints", "sft")
+    overrides = f"{shrink(data_dir, rl_steps=1)},rollout.mode=single,sft.init_checkpoint={shared}"
+    run = str(tmp_path / "rl")
+    summary = run_experiment(validate_config(load_config_file(TINY, overrides)), run)
+    assert summary["mode"] == "single" and summary["final_eval"]["eval/questions"] == 4
+    assert not os.path.exists(os.path.join(run, "checkpoints", "sft"))  # no SFT of its own
+    assert not metrics_lib.load_metrics(os.path.join(run, "sft", "metrics.jsonl"))  # no SFT step
 
 
 def _train_command(workdir: str, overrides: str) -> list[str]:

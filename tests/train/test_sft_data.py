@@ -72,3 +72,42 @@ def test_copy_mask_covers_the_copied_answer_and_only_trainable_tokens(setup):
         ends = np.flatnonzero(~seq.trainable[:-1] & seq.trainable[1:]) + 1
         last = np.arange(len(seq)) >= ends[-1]
         assert answer in chat.decode(seq.tokens[last & seq.copy_mask])
+
+
+def test_several_modes_take_turns_over_the_questions():
+    world = build_world(seed=3, num_entities=60, num_questions=80, max_hops=2)
+    tools = LocalCorpusTools(world.documents)
+    oracle = Oracle(tools.search, tools.open)
+    questions = world.questions["train"][:6]
+    demos = demonstrations(oracle, questions, ("matpo", "single"), solved_only=False)
+    assert [d.role for d in demos] == ["planner", "single"] * 3
+    assert [len(d.workers) > 0 for d in demos] == [True, False] * 3
+    assert demonstrations(oracle, questions[:2], "single", solved_only=False)[0].role == "single"
+
+
+def test_context_lm_adds_weighted_loss_on_context_after_the_system_prompt(setup):
+    from matpo_jax.rl.loss import LossConfig
+    from matpo_jax.rl.packing import layout_bins
+    from matpo_jax.sft_data import add_context_lm
+
+    chat, demos = setup
+    seqs = demonstration_sequences(chat, demos, max_len=100_000)[:2]
+    bins = [[0], [1]]
+    row_len = max(len(s) for s in seqs)
+    plain = layout_bins(seqs, bins, 2, row_len, row_len, LossConfig())
+    mixed = layout_bins(seqs, bins, 2, row_len, row_len, LossConfig())
+    add_context_lm(mixed, seqs, bins, 0.25)
+    for row, seq in enumerate(seqs):
+        n = len(seq)
+        context = ~seq.trainable
+        context[:seq.context_start] = False
+        assert seq.context_start > 0 and context.any()
+        added = (mixed.loss_mask[row, :n] > 0) & (plain.loss_mask[row, :n] == 0)
+        np.testing.assert_array_equal(added, context)  # exactly the context after the system turn
+        unit = plain.loss_weights[row, :n][seq.trainable].max()
+        np.testing.assert_allclose(mixed.loss_weights[row, :n][context], 0.25 * unit)
+        keep = plain.loss_mask[row, :n] > 0  # trainable tokens keep mask and weight
+        np.testing.assert_array_equal(mixed.loss_weights[row, :n][keep],
+                                      plain.loss_weights[row, :n][keep])
+    add_context_lm(plain, seqs, bins, 0.0)  # off: nothing changes
+    assert plain.loss_mask.sum() < mixed.loss_mask.sum()
