@@ -8,7 +8,9 @@ directory named after that config and are shared by every run (SFT, MATPO, singl
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 
@@ -70,8 +72,29 @@ def _tokenizer_texts(builder, corpus_path: str) -> list[str]:
     return texts
 
 
+@contextlib.contextmanager
+def _exclusive(data_dir: str):
+    """One builder at a time per data_dir: runs started together (seeds of a grid) share one world
+    instead of racing to write it. Remote storage (gs://...) is not locked."""
+    if "://" in str(data_dir):
+        yield
+        return
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, ".prepare.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def prepare_world(cfg, data_dir: str) -> WorldAssets:
     """Builds (or reuses) the dataset, corpus and tokenizer of the configured world."""
+    with _exclusive(data_dir):
+        return _prepare_world(cfg, data_dir)
+
+
+def _prepare_world(cfg, data_dir: str) -> WorldAssets:
     config = world_config(cfg)
     vocab_size = int(cfg.model.arch.vocab_size)
     builder = synthetic_multihop.prepare_dataset(config, data_dir)
