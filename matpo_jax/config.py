@@ -411,6 +411,11 @@ def resolve_mesh_shape(mesh: Mapping[str, int], num_devices: int) -> dict[str, i
     return sizes
 
 
+def sft_modes(cfg) -> tuple[str, ...]:
+    """The ways of working SFT demonstrates: `sft.modes` ("matpo+single"), or the rollout mode."""
+    return tuple(m.strip() for m in str(cfg.sft.modes or cfg.rollout.mode).split("+") if m.strip())
+
+
 def _consistency_problems(cfg, num_devices: int | None, check_files: bool) -> list[str]:
     problems = []
     for axis in MESH_AXES:
@@ -443,8 +448,7 @@ def _consistency_problems(cfg, num_devices: int | None, check_files: bool) -> li
     if cfg.tools.search_backend != "local" and not cfg.tools.search_url:
         problems.append(f"tools.search_url must be set when tools.search_backend = "
                         f"{cfg.tools.search_backend!r}")
-    modes = [m.strip() for m in cfg.sft.modes.split("+") if m.strip()]
-    for mode in modes:
+    for mode in sft_modes(cfg):
         if mode not in CHOICES["rollout.mode"]:
             problems.append(f"sft.modes = {cfg.sft.modes!r}: {mode!r} is not one of "
                             f"{', '.join(CHOICES['rollout.mode'])}")

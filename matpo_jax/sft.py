@@ -11,14 +11,14 @@ import jax
 import numpy as np
 
 from matpo_jax import checkpoint as ckpt_lib
+from matpo_jax import copy_pretraining as copy_lib
+from matpo_jax import config as config_lib
 from matpo_jax import metrics as metrics_lib
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
 from matpo_jax.rl import packing
 from matpo_jax.rl import train_step as step_lib
 from matpo_jax.runtime import Runtime, numpy_rng, optimizer_config, step_config
-from matpo_jax import copy_pretraining as copy_lib
-from matpo_jax.copy_pretraining import run_copy_pretraining
 from matpo_jax.sft_data import (add_context_lm, copy_loss_scale, demonstration_sequences,
                                  demonstrations)
 from matpo_jax.world_assets import question_from_record
@@ -46,18 +46,13 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
                                               wrong_open=float(cfg.sft.wrong_open)),
                     num_results=int(cfg.tools.num_results), seed=int(cfg.train.seed),
                     fact_style=str(cfg.data.fact_style))
-    demos = demonstrations(oracle, questions, sft_modes(cfg))
+    demos = demonstrations(oracle, questions, config_lib.sft_modes(cfg))
     seqs = demonstration_sequences(rt.chat, demos, min(int(cfg.rl.pack_len),
                                                        int(cfg.rollout.max_context)))
     log.info("SFT data: %d demonstrations -> %d sequences", len(demos), len(seqs))
     if not seqs:
         raise RuntimeError("no SFT demonstration fits in rl.pack_len / rollout.max_context")
     return seqs
-
-
-def sft_modes(cfg) -> tuple[str, ...]:
-    """Which ways of working the demonstrations show: `sft.modes`, or the rollout mode."""
-    return tuple(m.strip() for m in str(cfg.sft.modes or cfg.rollout.mode).split("+") if m.strip())
 
 
 def _restore_shared_start(cfg, state):
@@ -79,6 +74,18 @@ def _step_bins(bins: list[list[int]], step: int, rows: int, seed: int) -> list[l
     epoch, index = divmod(step, per_epoch)
     order = numpy_rng(seed, 11, epoch).permutation(len(bins))
     return [bins[int(i)] for i in order[index * rows:(index + 1) * rows]]
+
+
+def _demonstration_batch(cfg, seqs, bins, step: int, rows: int, max_len: int, loss_config):
+    """The packed demonstration rows of one SFT step, with the copy / context loss weights."""
+    chosen = _step_bins(bins, step, rows, int(cfg.train.seed))
+    chosen_seqs = [seqs[i] for b in chosen for i in b]
+    local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
+             for k in range(len(chosen))]
+    batch = packing.layout_bins(chosen_seqs, local, rows, max_len, max_len, loss_config)
+    add_context_lm(batch, chosen_seqs, local, float(cfg.sft.context_lm_weight))
+    copy_loss_scale(batch, chosen_seqs, local, float(cfg.sft.copy_weight))
+    return batch
 
 
 def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
@@ -108,7 +115,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
         # Copy pre-training (copy_pretraining.py) folds into SFT's INITIAL parameters: it runs only
         # before SFT step 0 and is not counted in the SFT step counter; an SFT checkpoint already
         # contains it. SFT's optimizer state stays fresh (Adam moments do not depend on params).
-        state = state.replace(params=run_copy_pretraining(rt, model))
+        state = state.replace(params=copy_lib.run_copy_pretraining(rt, model))
 
     seqs = build_sft_sequences(rt)
     max_len = int(cfg.rl.pack_len)
@@ -122,24 +129,16 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
         separator = rt.chat.tokenizer.encode(copy_lib.SEPARATOR, add_special_tokens=False)
     with metrics_lib.Progress(steps, initial=start, desc="sft", keys=("sft/loss",)) as bar:
         for step in range(start, steps):
-            if copy_every and step % copy_every == copy_every - 1:
+            rehearsal = bool(copy_every) and step % copy_every == copy_every - 1
+            if rehearsal:  # a copy batch; its loss is not an SFT metric, so it is not logged
                 batch = copy_lib.copy_batch(stream, separator, step, seed=seed, rows=rows,
                                             max_len=max_len, span=int(cfg.sft.copy_span),
                                             loss_config=scfg.loss)
-                state, metrics = step_fn(state, batch)
-                bar.update(steps=1)
-                checkpoints.save(step + 1, params=state.params, opt_state=state.opt_state,
-                                 force=step + 1 == steps)
-                continue
-            chosen = _step_bins(bins, step, rows, seed)
-            chosen_seqs = [seqs[i] for b in chosen for i in b]
-            local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
-                     for k in range(len(chosen))]
-            batch = packing.layout_bins(chosen_seqs, local, rows, max_len, max_len, scfg.loss)
-            add_context_lm(batch, chosen_seqs, local, float(cfg.sft.context_lm_weight))
-            copy_loss_scale(batch, chosen_seqs, local, float(cfg.sft.copy_weight))
+            else:
+                batch = _demonstration_batch(cfg, seqs, bins, step, rows, max_len, scfg.loss)
             state, metrics = step_fn(state, batch)
-            if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:
+            due = (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps
+            if due and not rehearsal:
                 record = {f"sft/{k}": float(np.asarray(v)) for k, v in metrics.items()}
                 record["sft/packing_efficiency"] = batch.efficiency()
                 writer.write(step + 1, record)

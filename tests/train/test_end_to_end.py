@@ -57,7 +57,10 @@ def test_synthetic_tiny_runs_end_to_end(tmp_path, data_dir):
         assert np.isfinite(r["loss"]) and r["reward/mean"] >= 0.0
         assert r["rollouts/planner"] == cfg.data.batch_size * cfg.rollout.group_size
         assert 0.0 < r["packing_efficiency"] <= 1.0
-    assert os.path.exists(os.path.join(workdir, "sft", "metrics.jsonl"))
+    # sft.copy_every=4 (the config's): step 4 trained on a copy-rehearsal batch, not logged as SFT
+    assert cfg.sft.copy_every == 4
+    sft_records = metrics_lib.load_metrics(os.path.join(workdir, "sft", "metrics.jsonl"))
+    assert [r["step"] for r in sft_records] == [1, 2, 3]
     for tag in ("sft", "final"):
         assert summary[f"{tag}_eval"]["eval/questions"] == 4
         assert os.path.exists(os.path.join(workdir, "eval", f"{tag}_samples.txt"))
