@@ -16,6 +16,10 @@ def get_config(arg=None):
     c.rollout.user_query_recap = a.recap
     c.rollout.final_summary = a.summary
     c.data.noise = a.noise
+    # Whole pages reach the model (noise makes them long: ~900 chars at noise 0.8), so the context
+    # limit binds: a single agent holding two hops of search results and pages often runs past
+    # rollout.max_context at high noise, while each worker holds one hop in a fresh context.
+    c.tools.max_response_chars = 1400
     c.train.seed = a.seed
     c.data.shuffle_seed = a.seed
     c.eval.split = "test"  # the table reports held-out test accuracy

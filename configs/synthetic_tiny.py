@@ -34,6 +34,6 @@ def get_config(arg=None):
                  wrong_open=0.0, copy_weight=5.0, copy_every=4, copy_span=24)
     # G = 8 samples of 4 questions: at a low starting accuracy more groups hold a success.
     c.rl.update(lr=3e-4, pack_rows=8, pack_len=1024, warmup_steps=0)
-    c.train.update(steps=20, eval_every=0, checkpoint_every=10, log_every=1)
+    c.train.update(steps=30, eval_every=0, checkpoint_every=10, log_every=1)
     c.eval.update(num_questions=96)
     return apply_overrides(c, arg)

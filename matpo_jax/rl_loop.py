@@ -80,11 +80,13 @@ def rl_batch(rt: Runtime, rollouts, golds, questions, loss_cfg, row_multiple: in
                                            norm_by_std=bool(cfg.rl.norm_by_std))
     seqs = packing.sequences_from_rollouts(rollouts, advantages)
     max_len = int(cfg.rl.pack_len)
-    needed = len(packing.first_fit_decreasing([len(s) for s in seqs], max_len))
+    trained = packing.trained_indices(seqs, loss_cfg)  # groups that all scored alike drop out
+    needed = len(packing.first_fit_decreasing([len(seqs[i]) for i in trained], max_len))
     rows = bucket_rows(needed, int(cfg.rl.pack_rows), row_multiple)
     batch = packing.pack_sequences(seqs, max_len, row_multiple=row_multiple, rows=rows,
-                                   loss_config=loss_cfg)
+                                   loss_config=loss_cfg, drop_inert=True)
     metrics = rewards_lib.reward_metrics(breakdowns)
+    metrics["trained_sequence_frac"] = len(trained) / max(len(seqs), 1)
     metrics["packing_efficiency"] = batch.efficiency()
     metrics["packed_rows"] = rows
     return batch, metrics

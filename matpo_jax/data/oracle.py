@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from matpo_jax.agents import prompts
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
-from matpo_jax.data.synthetic_world import Document, Hop, Question
+from matpo_jax.data.synthetic_world import RELATION_BY_PHRASE, Document, Hop, Question, plain_template
 from matpo_jax.tokenizer import ChatFormat, format_tool_call
 
 SearchFn = Callable[..., str]  # search(query: str, num: int) -> result text
@@ -164,7 +164,8 @@ class Oracle:
                     {"role": "user", "content": self.prompts.recap(main_task, hop.subtask)}]
         solved = self._research_hop(hop, messages, rng)
         if self.fact_style == "plain":  # the page's own line, so the worker copies it
-            fact = f"{hop.subject_name} {hop.relation} is {hop.answer}."
+            fact = plain_template(RELATION_BY_PHRASE[hop.relation]).format(
+                s=hop.subject_name, o=hop.answer)
             statement = f"Fact: {fact}"
         else:
             fact = statement = f"The {hop.relation} of {hop.subject_name} is {hop.answer}."

@@ -62,9 +62,10 @@ class SyntheticMultihop(tfds.core.GeneratorBasedBuilder):
     """Multi-hop questions over a procedurally generated world (see synthetic_world.py)."""
 
     # Bump whenever the generator's output changes, so a cached world is never silently reused.
-    VERSION = tfds.core.Version("1.2.0")
+    VERSION = tfds.core.Version("1.3.0")
     RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "Short page ids (d42); shorter texts.",
-                     "1.2.0": "Page ids name their entity (page <name>)."}
+                     "1.2.0": "Page ids name their entity (page <name>).",
+                     "1.3.0": "Plain facts as key-value lines without 'is' (X founder Y.)."}
     BUILDER_CONFIGS = [
         make_config("default", noise=0.0),
         make_config("noisy", noise=0.5),

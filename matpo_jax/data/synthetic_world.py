@@ -72,14 +72,18 @@ RELATIONS = (
 )
 RELATION_BY_PHRASE = {r.phrase: r for r in RELATIONS}
 # "varied": each fact in one of its relation's templates ("X works for Y", "Y founded X", ...);
-# "plain": always "X <relation> is Y." (a key-value line: "Funer Labs founder is Pivso Nol."), so
-# the value follows the one pair of words "<relation> is" on the subject's page: reading it is an
-# induction step a tiny from-scratch model learns in minutes on a CPU.
+# "plain": always the key-value line "X <relation> Y." ("Funer Labs founder Pivso Nol."), so the
+# value is the token after the relation word on the subject's page: reading it is ONE induction
+# step (attend to what followed "founder" earlier). With "X founder is Y." the value followed
+# "is", which every fact line and distractor on the page shares, and a tiny model copied the
+# wrong line's value (worker fact turns ~6% exact, docs/embedded_default.md).
 FACT_STYLES = ("varied", "plain")
 
 
 def plain_template(relation: Relation) -> str:
-    return f"{{s}} {relation.phrase} is {{o}}."
+    return f"{{s}} {relation.phrase} {{o}}."
+
+
 NUMBER_RANGES = {  # (low, high, step) per attribute
     "birth year": (1900, 2000, 1), "founding year": (1800, 2011, 1),
     "population": (1000, 99000, 1000), "publication year": (1900, 2021, 1)}

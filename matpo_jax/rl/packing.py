@@ -12,6 +12,10 @@ and every micro-batch splits evenly over devices.
 
 Loss weights (loss.aggregation_weights) are computed here over the WHOLE batch, before the rows are
 ever split, which is what makes every aggregation mode exact under any micro-batch/device split.
+The same fact lets a batch leave out sequences that carry no gradient (advantage 0 with no KL or
+entropy term: a GRPO group whose samples all scored the same): their weight still counts in every
+other sequence's normaliser, so the update is unchanged while its cost drops with the share of
+such groups, which is most of them while accuracy is low.
 """
 from __future__ import annotations
 
@@ -175,6 +179,21 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: 
     return batch
 
 
+def carries_gradient(seq: TrainSequence, loss_config: LossConfig) -> bool:
+    """False when every loss term of the sequence is identically zero in the parameters' gradient:
+    the clipped surrogate scales with the advantage, and no KL or entropy term is on."""
+    return seq.advantage != 0.0 or loss_config.kl_coef > 0 or loss_config.entropy_coef > 0
+
+
+def trained_indices(seqs: Sequence[TrainSequence], loss_config: LossConfig) -> list[int]:
+    """Indices of the sequences a batch must hold; at least one, so a batch is never empty (the
+    optimizer still takes its step, as it would on an all-zero gradient)."""
+    keep = [i for i, s in enumerate(seqs) if carries_gradient(s, loss_config)]
+    if not keep and seqs:
+        keep = [min(range(len(seqs)), key=lambda i: len(seqs[i]))]
+    return keep
+
+
 def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
     if rows is None:
         return round_up(max(needed, 1), row_multiple)
@@ -187,22 +206,26 @@ def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
 
 def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
                    rows: int | None = None, row_len_multiple: int | None = None,
-                   loss_config: LossConfig = LossConfig()) -> PackedBatch:
+                   loss_config: LossConfig = LossConfig(),
+                   drop_inert: bool = False) -> PackedBatch:
     """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
 
     row_len_multiple: also pick the row length, among its multiples from the longest sequence up
     to max_len, as the one with the fewest total slots (ties: shorter rows, whose dense attention
     is cheaper). A small batch then avoids a mostly empty last row; the shape stays bucketed.
+    drop_inert: leave out the sequences that carry no gradient (`carries_gradient`); the loss
+    weights of the rest are those of the whole batch, so the gradient is the same.
     """
     _check_lengths(seqs, max_len)
-    lengths = [len(s) for s in seqs]
+    order = trained_indices(seqs, loss_config) if drop_inert else list(range(len(seqs)))
+    lengths = [len(seqs[i]) for i in order]
     candidates = [max_len]
     if row_len_multiple and lengths:
         shortest = round_up(max(lengths), row_len_multiple)
         candidates = list(range(shortest, max_len + 1, row_len_multiple)) or [max_len]
     best = None
     for row_len in candidates:
-        bins = first_fit_decreasing(lengths, row_len)
+        bins = [[order[j] for j in b] for b in first_fit_decreasing(lengths, row_len)]
         if rows is not None and len(bins) > rows:
             continue
         num_rows = _num_rows(len(bins), row_multiple, rows)

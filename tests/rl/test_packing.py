@@ -133,3 +133,21 @@ def test_reference_logprobs_travel_with_their_tokens():
                                       s.ref_logprobs)
     assert packing.pack_sequences([dataclasses.replace(s, ref_logprobs=None) for s in seqs],
                                   8).ref_logprobs is None
+
+
+def test_sequences_without_gradient_are_left_out_only_when_inert():
+    seqs = [packing.TrainSequence(np.ones(n, np.int32), np.ones(n, bool), np.zeros(n, np.float32),
+                                  adv, 0, i, i)
+            for i, (n, adv) in enumerate([(6, 0.0), (5, 1.0), (4, 0.0), (7, -1.0)])]
+    lean = packing.pack_sequences(seqs, 16, drop_inert=True)
+    assert sorted(set(lean.rollout_ids[lean.rollout_ids >= 0].tolist())) == [1, 3]
+    full = packing.pack_sequences(seqs, 16)
+    for i in (1, 3):  # the kept sequences' weights count the dropped ones' tokens too
+        np.testing.assert_array_equal(lean.loss_weights[lean.rollout_ids == i],
+                                      full.loss_weights[full.rollout_ids == i])
+    # A KL or entropy term gives every sequence a gradient: nothing is left out.
+    for config in (LossConfig(kl_coef=0.1), LossConfig(entropy_coef=0.01)):
+        assert packing.trained_indices(seqs, config) == [0, 1, 2, 3]
+    # All inert: the shortest stays, so the batch is never empty.
+    quiet = [dataclasses.replace(s, advantage=0.0) for s in seqs]
+    assert packing.trained_indices(quiet, LossConfig()) == [2]

@@ -1,5 +1,7 @@
 """The sharded train step: exact aggregation under any micro-batch/device split, packed == padded,
 non-finite updates skipped, mini-batch/epoch counting, and the SFT objective."""
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -68,6 +70,22 @@ def test_any_micro_batch_and_device_split_gives_the_same_loss_and_grads(
     padded = packing.pad_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=loss_config)
     assert padded.segment_ids.max() == 1 and batch.segment_ids.max() > 1
     _assert_same(gradient_fns[8, 2](states[8][1], padded), reference)
+
+
+@pytest.mark.parametrize("loss_config", LOSS_VARIANTS[:2] + LOSS_VARIANTS[-1:],
+                         ids=lambda c: f"{c.aggregation}/{c.seq_denominator}")
+def test_leaving_out_zero_advantage_groups_keeps_loss_and_grads(
+        sequences, states, gradient_fns, loss_config):
+    # The first planner's group scored alike: advantage 0 for it and its workers.
+    quiet = sequences[0].group_id
+    seqs = [dataclasses.replace(s, advantage=0.0) if s.group_id == quiet else s for s in sequences]
+    assert any(s.advantage != 0 for s in seqs)
+    full = packing.pack_sequences(seqs, MAX_LEN, rows=ROWS, loss_config=loss_config)
+    lean = packing.pack_sequences(seqs, MAX_LEN, rows=ROWS, loss_config=loss_config,
+                                  drop_inert=True)
+    assert quiet not in set(lean.rollout_ids[lean.rollout_ids >= 0].tolist())
+    assert lean.num_loss_tokens() < full.num_loss_tokens()
+    _assert_same(gradient_fns[1, 1](states[1][1], lean), gradient_fns[1, 1](states[1][1], full))
 
 
 def test_metrics_are_whole_batch_exact(sequences, states, gradient_fns):
