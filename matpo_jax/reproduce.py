@@ -29,6 +29,9 @@ _NOISE = flags.DEFINE_list("noise", ["0.3", "0.8"], "Noise levels of the world."
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds per setting.")
 _VARIANTS = flags.DEFINE_list("variants", ["single", "matpo", "matpo_no_recap", "matpo_no_summary"],
                               "Methods to run.")
+_ABLATIONS_AT = flags.DEFINE_list("ablations_at", ["0.8"],
+                                   "Noise levels where the ablation variants run (the noisiest "
+                                   "is where the paper's ablations matter; each costs a full run).")
 _OVERRIDES = flags.DEFINE_string("overrides", "", "Extra config overrides for every run (a=b,c=d).")
 
 VARIANTS = {  # name -> synthetic_repro arguments
@@ -74,6 +77,15 @@ def table(results: dict, noises, hops_keys) -> str:
     return "\n".join(lines)
 
 
+def variants_at(noise: str, variants, ablations_at) -> list[str]:
+    """The methods run at this noise level: the two compared methods everywhere, ablations only
+    at the `ablations_at` noise levels."""
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
+    return [v for v in variants if v in ("single", "matpo") or noise in ablations_at]
+
+
 def main(argv):
     del argv
     os.makedirs(_OUT.value, exist_ok=True)
@@ -85,7 +97,8 @@ def main(argv):
         results[noise] = {}
         start = shared_sft(_OUT.value, noise, base_overrides)
         overrides = ",".join([base_overrides, f"sft.init_checkpoint={start}"])
-        for variant in _VARIANTS.value:
+        methods = variants_at(noise, _VARIANTS.value, _ABLATIONS_AT.value)
+        for variant in methods:
             runs = []
             for seed in _SEEDS.value:
                 workdir = os.path.join(_OUT.value, "runs", f"{variant}_noise{noise}_seed{seed}")
@@ -93,7 +106,7 @@ def main(argv):
                 runs.append(run_one(workdir, arg, overrides))
             results[noise][variant] = runs
         curves = {v: [os.path.join(_OUT.value, "runs", f"{v}_noise{noise}_seed{s}", "metrics.jsonl")
-                      for s in _SEEDS.value] for v in _VARIANTS.value}
+                      for s in _SEEDS.value] for v in methods}
         plots.plot_comparison(curves, os.path.join(_OUT.value, f"curves_noise{noise}.png"),
                               keys=("reward/accuracy", "reward/mean", "loss"),
                               title=f"test-time noise {noise}: mean ± std over seeds")
@@ -102,7 +115,8 @@ def main(argv):
     text = "\n".join([
         "# Miniature reproduction: single-agent GRPO vs MATPO", "",
         f"Command: `python -m matpo_jax.reproduce --out={_OUT.value} --noise={','.join(_NOISE.value)} "
-        f"--seeds={','.join(_SEEDS.value)} --variants={','.join(_VARIANTS.value)}`", "",
+        f"--seeds={','.join(_SEEDS.value)} --variants={','.join(_VARIANTS.value)} "
+        f"--ablations_at={','.join(_ABLATIONS_AT.value)}`", "",
         "Evaluation accuracy (%) after RL, mean ± std over seeds; SFT start = before RL.", "",
         table(results, _NOISE.value, hops), ""])
     with open(os.path.join(_OUT.value, "README.md"), "w") as f:
