@@ -182,3 +182,20 @@ def test_listed_ids_reads_both_listing_formats_including_second_pages():
     assert listed_ids(tools_listing) == ["Kager Labs", "Kager Labs (2)"]
     local_listing = "[1] Kager Labs (2) | Kager Labs\nMore about it.\n[2] Vop Ren | Vop Ren\nA pilot."
     assert listed_ids(local_listing) == ["Kager Labs (2)", "Vop Ren"]
+
+
+def test_plain_worker_states_the_page_line_whose_value_follows_the_relation(small_world_kwargs):
+    from matpo_jax.data.synthetic_world import build_world
+    plain = build_world(seed=7, noise=0.3, fact_style="plain", **small_world_kwargs)
+    tools = LocalCorpusTools(plain.documents)
+    oracle = Oracle(tools.search, tools.open, role_prompts=PROMPTS, fact_style="plain")
+    for q in _sample(plain, per_hop=3):
+        for hop in q.hops:
+            demo = oracle.worker(q.question, hop)
+            statement = [m["content"] for m in demo.messages if m["role"] == "assistant"][-2]
+            line = f"{hop.subject_name} {hop.relation} {hop.answer}."
+            assert statement == f"Fact: {line}"
+            page = [m["content"] for m in demo.messages if m["role"] == "tool"][-1]
+            # The value is copied from the one place on the page where the relation word precedes
+            # it: no "is" in between, which every line of the page would share.
+            assert line in page and f"{hop.relation} is " not in page
