@@ -16,6 +16,8 @@ def get_config(arg=None):
     c.rollout.user_query_recap = a.recap
     c.rollout.final_summary = a.summary
     c.data.noise = a.noise
+    # The world the committed table was measured on: SFT and RL questions over the same entities.
+    c.data.update(sft_fraction=0.0, num_questions=2400)
     # Whole pages reach the model (noise makes them long: ~900 chars at noise 0.8), so the context
     # limit binds: a single agent holding two hops of search results and pages often runs past
     # rollout.max_context at high noise, while each worker holds one hop in a fresh context.

@@ -102,6 +102,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.num_entities = 300  # synthetic world size (entities; pages follow)
     c.data.num_questions = 4000  # synthetic questions over all splits and hop counts
     c.data.max_hops = 4  # synthetic questions have 1..max_hops hops
+    # synthetic world: > 0 gives SFT demonstrations their own entities (an `sft` split taken from
+    # train), so RL rewards come from reading, never from facts SFT made the model memorise
+    c.data.sft_fraction = 0.0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.mode = "matpo"  # matpo: planner + workers; single: one agent with the tools
@@ -242,6 +245,7 @@ RANGES: dict[str, Interval] = {
     "model.arch.rms_norm_eps": POSITIVE,
     "data.batch_size": AT_LEAST_ONE,
     "data.noise": UNIT,
+    "data.sft_fraction": Interval(ge=0, lt=0.7),  # a share of the 0.7 train share of entities
     "rollout.group_size": AT_LEAST_ONE,
     "rollout.temperature": NON_NEGATIVE,
     "rollout.top_p": Interval(gt=0, le=1),

@@ -15,6 +15,7 @@ from matpo_jax import copy_pretraining as copy_lib
 from matpo_jax import config as config_lib
 from matpo_jax import metrics as metrics_lib
 from matpo_jax.data import loader as loader_lib
+from matpo_jax.data import synthetic_world
 from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
 from matpo_jax.rl import packing
 from matpo_jax.rl import train_step as step_lib
@@ -33,9 +34,14 @@ def tool_text(toolbox, name: str, max_chars: int):
     return call
 
 
+def demonstration_split(cfg) -> str:
+    """Where SFT demonstrations come from: the world's own `sft` split when it has one."""
+    return synthetic_world.SFT_SPLIT if float(cfg.data.sft_fraction) > 0 else "train"
+
+
 def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     cfg = rt.cfg
-    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)["train"]
+    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[demonstration_split(cfg)]
     order = numpy_rng(int(cfg.train.seed), 7).permutation(len(source))[: int(cfg.sft.num_demos)]
     questions = [question_from_record(loader_lib.decode_record(source[int(i)])) for i in order]
     max_chars = int(cfg.tools.max_response_chars)

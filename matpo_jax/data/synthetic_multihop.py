@@ -22,7 +22,8 @@ from matpo_jax.data import synthetic_world
 
 CORPUS_FILENAME = "corpus.jsonl"
 FILE_FORMAT = "array_record"  # random access for grain; written by tfds without TensorFlow
-WORLD_FIELDS = ("seed", "num_entities", "noise", "num_questions", "max_hops", "fact_style")
+WORLD_FIELDS = ("seed", "num_entities", "noise", "num_questions", "max_hops", "fact_style",
+                "sft_fraction")
 
 
 @dataclasses.dataclass(eq=False)
@@ -35,6 +36,7 @@ class SyntheticMultihopConfig(tfds.core.BuilderConfig):
     num_questions: int = 4000
     max_hops: int = 4
     fact_style: str = "varied"
+    sft_fraction: float = 0.0  # > 0: an `sft` split of its own entities (demonstrations)
 
     def world_kwargs(self) -> dict:
         return {field: getattr(self, field) for field in WORLD_FIELDS}
@@ -55,6 +57,8 @@ def make_config(name: str | None = None, **world_kwargs) -> SyntheticMultihopCon
                 .format(**values).replace(".", "p"))
         if values["fact_style"] != "varied":  # older worlds keep their names
             name += f"_{values['fact_style']}"
+        if values["sft_fraction"]:
+            name += f"_sft{values['sft_fraction']:g}".replace(".", "p")
     return SyntheticMultihopConfig(name=name, description=f"synthetic world {values}", **values)
 
 
@@ -62,10 +66,11 @@ class SyntheticMultihop(tfds.core.GeneratorBasedBuilder):
     """Multi-hop questions over a procedurally generated world (see synthetic_world.py)."""
 
     # Bump whenever the generator's output changes, so a cached world is never silently reused.
-    VERSION = tfds.core.Version("1.3.0")
+    VERSION = tfds.core.Version("1.4.0")
     RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "Short page ids (d42); shorter texts.",
                      "1.2.0": "Page ids name their entity (page <name>).",
-                     "1.3.0": "Plain facts as key-value lines without 'is' (X founder Y.)."}
+                     "1.3.0": "Plain facts as key-value lines without 'is' (X founder Y.).",
+                     "1.4.0": "Optional sft split (sft_fraction); worlds without it unchanged."}
     BUILDER_CONFIGS = [
         make_config("default", noise=0.0),
         make_config("noisy", noise=0.5),
@@ -100,8 +105,8 @@ class SyntheticMultihop(tfds.core.GeneratorBasedBuilder):
         world = synthetic_world.build_world(**self.builder_config.world_kwargs())
         # self.data_dir is the temporary directory tfds renames into place once all is written.
         world.write_corpus(os.path.join(self.data_dir, CORPUS_FILENAME))
-        return {split: self._generate_examples(world.questions[split])
-                for split in synthetic_world.SPLITS}
+        return {split: self._generate_examples(questions)
+                for split, questions in world.questions.items()}
 
     def _generate_examples(self, questions):
         for question in questions:

@@ -30,6 +30,10 @@ import numpy as np
 PERSON, ORG, PLACE, WORK = "person", "org", "place", "work"
 ENTITY_TYPES = (PERSON, ORG, PLACE, WORK)
 SPLITS = ("train", "validation", "test")
+# Optional fourth split (`sft_fraction` > 0): the entities SFT demonstrations are drawn from, kept
+# apart from `train` (the RL questions). A small model memorises the facts its demonstrations
+# show; with a separate partition an RL reward can only be earned by reading, as on validation.
+SFT_SPLIT = "sft"
 NUMBER = "number"  # object type of attribute relations (years, populations)
 # Page ids "d42": findable in any tool-output format, and short (no zero padding) so that a tiny
 # model copies a few distinct digit tokens, not a run of look-alike zeros.
@@ -227,7 +231,7 @@ class World:
         return path
 
     def all_questions(self) -> Iterator[Question]:
-        for split in SPLITS:
+        for split in self.questions:
             yield from self.questions[split]
 
 
@@ -242,26 +246,38 @@ def build_world(
     second_page_rate: float = 0.3,
     max_noise_sentences: int = 24,
     fact_style: str = "varied",
+    sft_fraction: float = 0.0,
 ) -> World:
     """Generates a world. `num_questions` is a target shared equally by hop counts 1..max_hops and
-    by the splits in proportion to `split_fractions` (fewer when a partition has fewer chains)."""
+    by the splits in proportion to `split_fractions` (fewer when a partition has fewer chains).
+    sft_fraction > 0 carves an `sft` split (that share of all entities) out of `train`; at 0 the
+    world is exactly the three-split one."""
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise must be in [0, 1], got {noise}")
     if not 1 <= max_hops <= 4:
         raise ValueError(f"max_hops must be in 1..4, got {max_hops}")
     if fact_style not in FACT_STYLES:
         raise ValueError(f"fact_style must be one of {FACT_STYLES}, got {fact_style!r}")
+    if not 0.0 <= sft_fraction < split_fractions[0]:
+        raise ValueError(f"sft_fraction must be in [0, {split_fractions[0]}) (it is taken from "
+                         f"the train share), got {sft_fraction}")
+    splits = SPLITS
+    if sft_fraction > 0:
+        splits = SPLITS + (SFT_SPLIT,)
+        split_fractions = (split_fractions[0] - sft_fraction, *split_fractions[1:], sft_fraction)
     if num_entities < 40:
         raise ValueError(f"num_entities must be >= 40 (each split needs every type), got {num_entities}")
     # Independent streams, so the noise knob changes only the noise sentences: the same seed
     # gives the same entities, facts, page layout, doc ids and questions at every noise level.
     world_rng, page_rng, noise_rng, question_rng = (
         np.random.default_rng([seed, stream]) for stream in range(4))
-    entities = _make_entities(world_rng, num_entities, split_fractions, near_duplicate_rate)
-    _assign_facts(world_rng, entities)
+    entities = _make_entities(world_rng, num_entities, splits, split_fractions,
+                              near_duplicate_rate)
+    _assign_facts(world_rng, entities, splits)
     documents = _write_pages(page_rng, noise_rng, entities, noise, second_page_rate,
                              max_noise_sentences, fact_style)
-    questions = _make_questions(question_rng, entities, num_questions, max_hops, split_fractions)
+    questions = _make_questions(question_rng, entities, num_questions, max_hops, splits,
+                                split_fractions)
     return World(seed=seed, noise=noise, entities=entities, documents=documents,
                  questions=questions)
 
@@ -306,7 +322,8 @@ def _near_duplicate(rng: np.random.Generator, name: str, taken: set[str]) -> str
     return None
 
 
-def _make_entities(rng, num_entities, split_fractions, near_duplicate_rate) -> list[Entity]:
+def _make_entities(rng, num_entities, splits, split_fractions,
+                   near_duplicate_rate) -> list[Entity]:
     # 40% people (most relations point at people), 20% each of the rest.
     counts = {PERSON: int(0.4 * num_entities), ORG: int(0.2 * num_entities),
               PLACE: int(0.2 * num_entities)}
@@ -321,7 +338,7 @@ def _make_entities(rng, num_entities, split_fractions, near_duplicate_rate) -> l
         per_split = np.maximum(np.floor(fractions * n).astype(int), 3)
         per_split[0] = n - per_split[1:].sum()
         num_twins = int(round(near_duplicate_rate * n))
-        split_of = np.repeat(np.arange(len(SPLITS)), per_split)
+        split_of = np.repeat(np.arange(len(splits)), per_split)
         rng.shuffle(split_of)
         originals: list[Entity] = []
         for i in range(n):
@@ -332,7 +349,7 @@ def _make_entities(rng, num_entities, split_fractions, near_duplicate_rate) -> l
                 name, twin_source = _fresh_name(rng, entity_type, taken), None
             taken.add(name)
             kinds = _KINDS[entity_type]
-            entity = Entity(id="", type=entity_type, name=name, split=SPLITS[split_of[i]],
+            entity = Entity(id="", type=entity_type, name=name, split=splits[split_of[i]],
                             kind=kinds[rng.integers(len(kinds))],
                             twin_of=twin_source.id if twin_source else None)
             entity.id = f"e{len(entities):05d}"
@@ -343,9 +360,9 @@ def _make_entities(rng, num_entities, split_fractions, near_duplicate_rate) -> l
 
 
 # ---------------------------------------------------------------------------------------- facts
-def _assign_facts(rng: np.random.Generator, entities: list[Entity]) -> None:
+def _assign_facts(rng: np.random.Generator, entities: list[Entity], splits) -> None:
     pools = {(split, t): [e for e in entities if e.split == split and e.type == t]
-             for split in SPLITS for t in ENTITY_TYPES}
+             for split in splits for t in ENTITY_TYPES}
     for entity in entities:
         for relation in RELATIONS:
             if relation.subject_type != entity.type:
@@ -448,11 +465,11 @@ def _resolve(start: Entity, path: list[str], by_id: dict[str, Entity]) -> tuple[
     return tuple(hops)
 
 
-def _make_questions(rng, entities, num_questions, max_hops, split_fractions):
+def _make_questions(rng, entities, num_questions, max_hops, splits, split_fractions):
     by_id = {e.id: e for e in entities}
     fractions = np.asarray(split_fractions, dtype=np.float64) / sum(split_fractions)
     questions: dict[str, list[Question]] = {}
-    for split, fraction in zip(SPLITS, fractions):
+    for split, fraction in zip(splits, fractions):
         by_hops: dict[int, list[tuple[Entity, list[str]]]] = {k: [] for k in range(1, max_hops + 1)}
         for entity in entities:
             if entity.split == split:

@@ -100,3 +100,17 @@ def test_shard_options_split_the_records_between_hosts(prepared, small_config):
 
     a, b = ids(0), ids(1)
     assert a and b and not a & b
+
+
+def test_world_with_an_sft_split_builds_it_as_a_fourth_split(tmp_path):
+    from matpo_jax.data.synthetic_world import SFT_SPLIT
+    config = synthetic_multihop.make_config(seed=5, num_entities=60, num_questions=200, noise=0.3,
+                                            sft_fraction=0.3)
+    assert config.name.endswith("_sft0p3")  # never shares a directory with the 3-split world
+    synthetic_multihop.prepare_dataset(config, tmp_path)
+    source = tfds.data_source(f"synthetic_multihop/{config.name}", data_dir=tmp_path,
+                              download=False)
+    world = build_world(**config.world_kwargs())
+    assert set(source) == {*SPLITS, SFT_SPLIT}
+    read = sorted(_decode(source[SFT_SPLIT][i])["id"] for i in range(len(source[SFT_SPLIT])))
+    assert read == sorted(q.id for q in world.questions[SFT_SPLIT]) and read

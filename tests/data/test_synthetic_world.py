@@ -132,3 +132,23 @@ def test_plain_fact_style_states_every_fact_one_way_and_changes_nothing_else(wor
     assert varied_only > 0  # the varied world words some of these facts differently
     with pytest.raises(ValueError, match="fact_style"):
         sw.build_world(seed=7, fact_style="fancy", **small_world_kwargs)
+
+
+def test_sft_split_has_its_own_entities_and_leaves_the_rest_alone(world, small_world_kwargs):
+    assert sw.SFT_SPLIT not in world.questions  # off by default: the three-split world
+    carved = sw.build_world(seed=7, noise=0.0, sft_fraction=0.35, **small_world_kwargs)
+    assert list(carved.questions) == [*sw.SPLITS, sw.SFT_SPLIT]
+
+    def entities(split):
+        return {e for q in carved.questions[split] for h in q.hops
+                for e in (h.subject_id, h.object_id) if e is not None}
+    demo_entities = entities(sw.SFT_SPLIT)
+    assert demo_entities and len(carved.questions[sw.SFT_SPLIT]) > 0.3 * len(
+        carved.questions["train"])
+    for split in sw.SPLITS:  # no RL, validation or test question touches an SFT entity
+        assert carved.questions[split] and not entities(split) & demo_entities, split
+    # Every fact of an SFT entity is on a page that no other split's chain visits.
+    train_docs = {h.doc_id for q in carved.questions["train"] for h in q.hops}
+    assert not train_docs & {h.doc_id for q in carved.questions[sw.SFT_SPLIT] for h in q.hops}
+    with pytest.raises(ValueError, match="sft_fraction"):
+        sw.build_world(seed=7, sft_fraction=0.7, **small_world_kwargs)

@@ -274,3 +274,14 @@ def test_shared_sft_start_fields_are_checked(tmp_path):
     cfg.sft.modes = "matpo + single"
     (tmp_path / "sft").mkdir()
     validate_config(cfg)
+
+
+def test_sft_demonstrations_come_from_the_sft_split_only_when_the_world_has_one():
+    from matpo_jax.sft import demonstration_split
+    cfg = base_config()
+    assert demonstration_split(cfg) == "train"
+    cfg.data.sft_fraction = 0.35
+    assert demonstration_split(cfg) == "sft"
+    cfg.data.sft_fraction = 0.8
+    with pytest.raises(ConfigError, match="data.sft_fraction"):
+        validate_config(cfg)
