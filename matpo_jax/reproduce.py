@@ -32,6 +32,8 @@ _VARIANTS = flags.DEFINE_list("variants", ["single", "matpo", "matpo_no_recap", 
 _ABLATIONS_AT = flags.DEFINE_list("ablations_at", ["0.05"],
                                    "Noise levels where the ablation variants run (each costs a "
                                    "full run per seed).")
+_ABLATION_SEEDS = flags.DEFINE_list("ablation_seeds", None,
+                                     "Seeds of the ablation variants (default: --seeds).")
 _OVERRIDES = flags.DEFINE_string("overrides", "", "Extra config overrides for every run (a=b,c=d).")
 
 VARIANTS = {  # name -> synthetic_repro arguments
@@ -73,7 +75,8 @@ def table(results: dict, noises, hops_keys) -> str:
                 values = [100 * r["final_eval"].get(key, float("nan")) for r in runs]
                 cells.append(f"{np.mean(values):.1f} ± {np.std(values):.1f}")
             sft = np.mean([100 * r["sft_eval"]["eval/accuracy"] for r in runs])
-            lines.append(f"| {noise} | {variant} (SFT start {sft:.1f}) | " + " | ".join(cells) + " |")
+            lines.append(f"| {noise} | {variant} (SFT start {sft:.1f}; {len(runs)} seeds) | "
+                         + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -84,6 +87,12 @@ def variants_at(noise: str, variants, ablations_at) -> list[str]:
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
     return [v for v in variants if v in ("single", "matpo") or noise in ablations_at]
+
+
+def seeds_of(variant: str, seeds, ablation_seeds) -> list[str]:
+    if variant in ("single", "matpo") or ablation_seeds is None:
+        return list(seeds)
+    return list(ablation_seeds)
 
 
 def main(argv):
@@ -100,13 +109,13 @@ def main(argv):
         methods = variants_at(noise, _VARIANTS.value, _ABLATIONS_AT.value)
         for variant in methods:
             runs = []
-            for seed in _SEEDS.value:
+            for seed in seeds_of(variant, _SEEDS.value, _ABLATION_SEEDS.value):
                 workdir = os.path.join(_OUT.value, "runs", f"{variant}_noise{noise}_seed{seed}")
                 arg = f"{VARIANTS[variant]},noise={noise},seed={seed}"
                 runs.append(run_one(workdir, arg, overrides))
             results[noise][variant] = runs
         curves = {v: [os.path.join(_OUT.value, "runs", f"{v}_noise{noise}_seed{s}", "metrics.jsonl")
-                      for s in _SEEDS.value] for v in methods}
+                      for s in seeds_of(v, _SEEDS.value, _ABLATION_SEEDS.value)] for v in methods}
         plots.plot_comparison(curves, os.path.join(_OUT.value, f"curves_noise{noise}.png"),
                               keys=("reward/accuracy", "reward/mean", "loss"),
                               title=f"test-time noise {noise}: mean ± std over seeds")
@@ -116,7 +125,9 @@ def main(argv):
         "# Miniature reproduction: single-agent GRPO vs MATPO", "",
         f"Command: `python -m matpo_jax.reproduce --out={_OUT.value} --noise={','.join(_NOISE.value)} "
         f"--seeds={','.join(_SEEDS.value)} --variants={','.join(_VARIANTS.value)} "
-        f"--ablations_at={','.join(_ABLATIONS_AT.value)}`", "",
+        f"--ablations_at={','.join(_ABLATIONS_AT.value)}"
+        + (f" --ablation_seeds={','.join(_ABLATION_SEEDS.value)}" if _ABLATION_SEEDS.value else "")
+        + "`", "",
         "Evaluation accuracy (%) after RL, mean ± std over seeds; SFT start = before RL.", "",
         table(results, _NOISE.value, hops), ""])
     with open(os.path.join(_OUT.value, "README.md"), "w") as f:

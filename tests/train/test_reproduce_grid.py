@@ -12,6 +12,12 @@ def test_ablations_run_only_at_their_noise_levels():
         reproduce.variants_at("0.8", ["matpo_fast"], ["0.8"])
 
 
+def test_ablations_may_run_fewer_seeds():
+    assert reproduce.seeds_of("matpo", ["0", "1", "2"], ["0"]) == ["0", "1", "2"]
+    assert reproduce.seeds_of("matpo_no_recap", ["0", "1", "2"], ["0"]) == ["0"]
+    assert reproduce.seeds_of("matpo_no_recap", ["0", "1"], None) == ["0", "1"]
+
+
 def test_table_reports_mean_and_std_over_seeds_per_hop():
     def run(acc, hop1, sft):
         return {"final_eval": {"eval/accuracy": acc, "eval/accuracy_hop1": hop1},
@@ -20,5 +26,5 @@ def test_table_reports_mean_and_std_over_seeds_per_hop():
                        "matpo": [run(0.5, 0.6, 0.1)]}}
     lines = reproduce.table(results, ["0.3"], ["eval/accuracy_hop1"]).splitlines()
     assert lines[0].split("|")[1:-1] == [" noise ", " method ", " accuracy ", " hop1 "]
-    assert lines[2] == "| 0.3 | single (SFT start 5.0) | 20.0 ± 10.0 | 30.0 ± 10.0 |"
-    assert lines[3] == "| 0.3 | matpo (SFT start 10.0) | 50.0 ± 0.0 | 60.0 ± 0.0 |"
+    assert lines[2] == "| 0.3 | single (SFT start 5.0; 2 seeds) | 20.0 ± 10.0 | 30.0 ± 10.0 |"
+    assert lines[3] == "| 0.3 | matpo (SFT start 10.0; 1 seeds) | 50.0 ± 0.0 | 60.0 ± 0.0 |"
