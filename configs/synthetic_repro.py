@@ -16,6 +16,8 @@ def get_config(arg=None):
     c.rollout.user_query_recap = a.recap
     c.rollout.final_summary = a.summary
     c.data.noise = a.noise
+    c.train.seed = a.seed
+    c.data.shuffle_seed = a.seed
     c.eval.split = "test"  # the table reports held-out test accuracy
     # The grid is 12 runs (+6 ablation runs) on a 2-core CPU: a short RL budget, the same for
     # every method. Tool output stays capped at the demo's 320 characters: with whole pages

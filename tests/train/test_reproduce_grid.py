@@ -28,3 +28,17 @@ def test_table_reports_mean_and_std_over_seeds_per_hop():
     assert lines[0].split("|")[1:-1] == [" noise ", " method ", " accuracy ", " hop1 "]
     assert lines[2] == "| 0.3 | single (SFT start 5.0; 2 seeds) | 20.0 ± 10.0 | 30.0 ± 10.0 |"
     assert lines[3] == "| 0.3 | matpo (SFT start 10.0; 1 seeds) | 50.0 ± 0.0 | 60.0 ± 0.0 |"
+
+
+def test_repro_config_applies_every_argument():
+    from pathlib import Path
+
+    from matpo_jax.config import load_config_file
+    path = Path(__file__).resolve().parents[2] / "configs" / "synthetic_repro.py"
+    c = load_config_file(path, "mode=single,noise=0.05,seed=2,recap=false,summary=false")
+    assert (c.rollout.mode, c.data.noise, c.train.seed, c.data.shuffle_seed) == (
+        "single", 0.05, 2, 2)
+    assert (c.rollout.user_query_recap, c.rollout.final_summary) == (False, False)
+    assert c.eval.split == "test"
+    default = load_config_file(path, "seed=1")
+    assert default.train.steps == c.train.steps  # the same RL budget for every method
