@@ -18,7 +18,8 @@ def get_config(arg=None):
                         head_dim=32, max_position_embeddings=2048, rope_theta=1e4)
     # 1000 entities: names too many to memorise, so SFT must learn to COPY them from the context
     # (with 200 the model memorised train names and hallucinated them at test time). Short pages.
-    # fact_style plain: "X founder is Y." lines, so reading a fact is one induction step.
+    # fact_style plain: "X founder Y." lines: the value follows the relation word, which is unique
+    # on the page, so reading a fact is one induction step.
     # SFT and RL questions share the train entities (data.sft_fraction=0): the model answers many
     # RL questions from facts SFT showed it, but giving SFT its own 35% of the entities left it
     # too few names to learn copying from (validation 1% after SFT instead of 7%).

@@ -42,6 +42,7 @@ VARIANTS = {  # name -> synthetic_repro arguments
     "matpo_no_recap": "mode=matpo,recap=false",
     "matpo_no_summary": "mode=matpo,summary=false",
 }
+COMPARED = ("single", "matpo")  # run at every noise level and seed; the rest are ablations
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -86,11 +87,12 @@ def variants_at(noise: str, variants, ablations_at) -> list[str]:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ValueError(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
-    return [v for v in variants if v in ("single", "matpo") or noise in ablations_at]
+    return [v for v in variants if v in COMPARED or noise in ablations_at]
 
 
 def seeds_of(variant: str, seeds, ablation_seeds) -> list[str]:
-    if variant in ("single", "matpo") or ablation_seeds is None:
+    """The seeds a method runs: ablations may run fewer (`--ablation_seeds`)."""
+    if variant in COMPARED or ablation_seeds is None:
         return list(seeds)
     return list(ablation_seeds)
 

@@ -35,8 +35,6 @@ SPLITS = ("train", "validation", "test")
 # show; with a separate partition an RL reward can only be earned by reading, as on validation.
 SFT_SPLIT = "sft"
 NUMBER = "number"  # object type of attribute relations (years, populations)
-# Page ids "d42": findable in any tool-output format, and short (no zero padding) so that a tiny
-# model copies a few distinct digit tokens, not a run of look-alike zeros.
 
 
 @dataclasses.dataclass(frozen=True)
