@@ -145,6 +145,20 @@ def callback_overhead(ours, prompts, new_tokens, repeats):
                 us_per_round_trip=1e6 * (frequent - rare) / extra_calls)
 
 
+def matmul_peak_gflop_s(size=2048, repeats=5):
+    """Best float32 matmul rate of XLA on this machine (a square product, all cores), GFLOP/s:
+    a decode step cannot do its 2 x matmul-params x batch FLOPs faster than this."""
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    product = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(product(a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(product(a))
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best / 1e9
+
+
 def decode_step_profile(model, batch, cache_lengths, steps=32, repeats=3):
     """ms per decode step of the bare model: `model.decode` over caches of several max_len, and a
     cache-free one-token forward (the same matmuls, no attention over a cache). The gap is the
@@ -208,11 +222,18 @@ def main():
                        hf_1thread_tok_s=batch * new_tokens / hf_1t_s,
                        speedup=hf_s / ours_s, speedup_vs_best_hf=min(hf_s, hf_1t_s) / ours_s,
                        max_logit_diff=logit_diff)
+            if batch == batches[-1]:  # where the time of a batched run goes (see `floors`)
+                prefill = ours_generate(ours, prompts, 1)
+                row["ours_prefill_s"] = best_times_interleaved(dict(p=(prefill, prefill)),
+                                                               repeats)["p"]
             rows.append(row)
             print(json.dumps(row), os.getloadavg(), flush=True)
         profiles.append(dict(size=size, batch=batches[-1], ms_per_step=decode_step_profile(
-            ours, batches[-1], (prompt_len + new_tokens, 512))))
+            ours, batches[-1], (prompt_len + new_tokens, 512)),
+            # the input embedding is a gather; every other weight is a matmul operand
+            matmul_params=params - fields["vocab_size"] * fields["hidden_size"]))
         print(json.dumps(profiles[-1]), flush=True)
+    peak = matmul_peak_gflop_s()
 
     _, small = build_pair(SIZES["4M"])
     overhead = [callback_overhead(small, rng.integers(0, 4096, (b, prompt_len)).astype(np.int32),
@@ -227,7 +248,8 @@ def main():
                          load_average_before=load_before, load_average_after=os.getloadavg()),
         settings=dict(prompt_len=prompt_len, new_tokens=new_tokens, repeats=repeats,
                       greedy=True, dtype="float32", timing="best of repeats, sides interleaved, after a warm-up"),
-        throughput=rows, decode_step_profile=profiles, callback_overhead=overhead)
+        throughput=rows, decode_step_profile=profiles, callback_overhead=overhead,
+        matmul_peak_gflop_s=peak, floors=floors(rows, profiles, peak, target=3.0))
     if args.quick:
         return
     os.makedirs(args.out, exist_ok=True)
@@ -235,6 +257,28 @@ def main():
         json.dump(result, f, indent=2)
     with open(os.path.join(args.out, "sampler.md"), "w") as f:
         f.write(markdown(result))
+
+
+def floors(rows, profiles, peak_gflop_s, target):
+    """What a `target`x speed-up over transformers' best batched time would take: the time left
+    per decode step after our own prefill, next to two floors: the same matmuls without any
+    attention (cache-free one-token forward, measured: what XLA achieves at this shape) and
+    the matmul FLOPs at the machine's best square-matmul rate (what no shape beats)."""
+    out = []
+    for row in rows:
+        if "ours_prefill_s" not in row:
+            continue
+        profile = next(p for p in profiles if p["size"] == row["size"])
+        hf_best = min(row["hf_s"], row["hf_1thread_s"])
+        budget = hf_best / target
+        out.append(dict(
+            size=row["size"], batch=row["batch"], hf_best_s=hf_best, target=target,
+            budget_s=budget, ours_prefill_s=row["ours_prefill_s"],
+            ours_decode_ms_per_step=1e3 * (row["ours_s"] - row["ours_prefill_s"]) / row["new_tokens"],
+            budget_ms_per_step=1e3 * (budget - row["ours_prefill_s"]) / row["new_tokens"],
+            cache_free_forward_ms=profile["ms_per_step"]["no_cache"],
+            flop_floor_ms=1e3 * 2 * profile["matmul_params"] * row["batch"] / (peak_gflop_s * 1e9)))
+    return out
 
 
 def _round_trip(us):
@@ -279,14 +323,30 @@ def markdown(result):
     names = list(profiles[0]["ms_per_step"])
     lines += ["", "Where a decode step goes (bare model, batch "
               f"{profiles[0]['batch']}, ms per step): a one-token forward without a cache vs "
-              "`model.decode` over a cache of max_len tokens. The cache is one heads-major "
-              "[B, kv_heads, max_len, D] array per layer, scattered into in place; a decode step's "
-              "attention is one fused elementwise pass over it (no dots, no transposes), so the "
-              "gap is the memory traffic of reading the whole cache once per step.", "",
+              "`model.decode` over a cache of max_len tokens. The cache is heads-major per layer "
+              "(keys [B, kv_heads, D, max_len], values [B, kv_heads, max_len, D]), scattered into "
+              "in place; a decode step's attention is one fused elementwise pass over it (no dots, "
+              "no transposes), so the gap is reading the whole cache once per step.", "",
               "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for p in profiles:
         lines.append(f"| {p['size']} | " + " | ".join(f"{p['ms_per_step'][n]:.1f}" for n in names)
                      + " |")
+    lines += ["", f"What {result['floors'][0]['target']:.0f}x transformers' best time would "
+              "take at this batch: the time per decode step left after our own prefill, next to "
+              "two floors: the same matmuls with no attention at all (cache-free one-token "
+              "forward, measured above: what XLA's matmuls reach at this shape) and the matmul "
+              "FLOPs at the machine's best float32 matmul rate "
+              f"({result['matmul_peak_gflop_s']:.0f} GFLOP/s, 2048^2 square product, all cores). "
+              "A budget near the first floor leaves nothing for attention over the cache, "
+              "sampling and the loop.", "",
+              "| model | batch | transformers best (s) | target time (s) | our prefill (s) | "
+              "our decode ms/step | budget ms/step | cache-free forward ms | FLOP floor ms |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in result["floors"]:
+        lines.append(f"| {f['size']} | {f['batch']} | {f['hf_best_s']:.2f} | {f['budget_s']:.2f} | "
+                     f"{f['ours_prefill_s']:.2f} | {f['ours_decode_ms_per_step']:.1f} | "
+                     f"{f['budget_ms_per_step']:.1f} | {f['cache_free_forward_ms']:.1f} | "
+                     f"{f['flop_floor_ms']:.1f} |")
     lines += ["", "Host callback round trip (4M model; host called after every token vs once per "
               "prompt):", "",
               "| batch | one-call run (s) | every-token run (s) | host calls | us per round trip |",

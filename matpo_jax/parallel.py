@@ -129,8 +129,9 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def cache_shardings(cache, mesh: Mesh):
-    """Shardings for a KVCache (same NamedTuple type): each layer's k/v [batch, kv_heads, max_len,
-    head_dim] split on batch and, like the k/v projections, on kv heads; lengths on batch."""
+    """Shardings for a KVCache (same NamedTuple type): each layer's k [batch, kv_heads, head_dim,
+    max_len] and v [batch, kv_heads, max_len, head_dim] split on batch and, like the k/v
+    projections, on kv heads; lengths on batch."""
     kv_spec = P(BATCH_AXES, "tensor", None, None)
 
     def layer_shardings(arrays):

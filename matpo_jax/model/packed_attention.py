@@ -11,7 +11,7 @@ from matpo_jax.model.cached_attention import MASKED_SCORE, cached_attention
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """`cached_attention` with token-major k, v [B, S, K, D] (the dense reference of
     packed_attention): q [B, T, H, D], mask [B, T, S] bool -> [B, T, H * D]."""
-    return cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
+    return cached_attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask)
 
 
 # Query-block size of the packed training attention. 128 keeps the per-block matmuls MXU-aligned

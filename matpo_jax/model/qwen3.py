@@ -20,19 +20,21 @@ from matpo_jax.model.packed_attention import grouped_attention, packed_attention
 
 
 class KVCache(NamedTuple):
-    """Per-layer, heads-major cache: k[i], v[i] are layer i's [batch, kv_heads, max_len, head_dim].
+    """Per-layer, heads-major cache: k[i] is layer i's keys [batch, kv_heads, head_dim, max_len]
+    (slot-minor), v[i] its values [batch, kv_heads, max_len, head_dim].
 
     One array per layer (not one stacked [layers, ...] buffer) so that a step scatters its new
-    keys into each layer's array in place, and heads-major so that the attention dots read the
-    cache as it lies (batch and kv heads are the dot's batch dimensions), with no transpose."""
+    keys into each layer's array in place, and heads-major so that attention reads the cache as
+    it lies (batch and kv heads are batch dimensions), with no transpose. Keys slot-minor: a
+    decode step's scores then sum whole rows of slots (see cached_attention)."""
 
-    k: tuple  # per layer: [batch, kv_heads, max_len, head_dim]
+    k: tuple  # per layer: [batch, kv_heads, head_dim, max_len]
     v: tuple  # per layer: [batch, kv_heads, max_len, head_dim]
     lengths: jax.Array  # [batch] int32: tokens written per row = next write position
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[2]
+        return self.v[0].shape[2]
 
     def rows(self, index) -> "KVCache":
         """The sub-cache of rows `index` (an int array [L]; a gather of every layer)."""
@@ -50,8 +52,9 @@ def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVC
     """An empty cache; `dtype` defaults to the model's compute dtype."""
     dtype = jnp.dtype(dtype or config.dtype)
     shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    key_shape = (batch, config.num_key_value_heads, config.head_dim, max_len)
     layers = range(config.num_hidden_layers)
-    return KVCache(k=tuple(jnp.zeros(shape, dtype) for _ in layers),
+    return KVCache(k=tuple(jnp.zeros(key_shape, dtype) for _ in layers),
                    v=tuple(jnp.zeros(shape, dtype) for _ in layers),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
@@ -117,11 +120,12 @@ class Attention(nnx.Module):
     def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
         """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
         [B, T] int (causal within a segment, 0 = padding; see packed_attention). With
-        `layer_cache` = (k, v) [B, K, S, D] (heads-major), `mask` is a [B, T, S] bool (True = may
-        attend; dense attention over the whole cache, for one-token decode steps) or a tuple
-        (positions [B, T], lengths [B]) for `blocked_cached_attention` (multi-token extends); the new keys and values are first scattered into slots `write_slots` [B, T] (out
-        of range = dropped) and attention runs over the whole cache; the updated (k, v) is
-        returned alongside."""
+        `layer_cache` = (k [B, K, D, S], v [B, K, S, D]) (heads-major), `mask` is a [B, T, S]
+        bool (True = may attend; dense attention over the whole cache, for one-token decode
+        steps) or a tuple (positions [B, T], lengths [B]) for `blocked_cached_attention`
+        (multi-token extends); the new keys and values are first scattered into slots
+        `write_slots` [B, T] (out of range = dropped) and the updated (k, v) is returned
+        alongside."""
         batch, length, _ = x.shape
         q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
@@ -135,8 +139,9 @@ class Attention(nnx.Module):
             rows = jnp.arange(batch)[:, None, None]
             heads = jnp.arange(self.num_kv_heads)[None, :, None]
             slots = write_slots[:, None, :]
-            # [B, T, K, D] -> [B, K, T, D]: a transpose of the new tokens only, never the cache.
-            k = k_cache.at[rows, heads, slots].set(
+            # [B, T, K, D] -> [B, K, T, D]: a transpose of the new tokens only, never the cache
+            # (the key cache's slot axis is last; the indexed [B, K, T] dims come first).
+            k = k_cache.at[rows, heads, :, slots].set(
                 k.transpose(0, 2, 1, 3).astype(k_cache.dtype), mode="drop")
             v = v_cache.at[rows, heads, slots].set(
                 v.transpose(0, 2, 1, 3).astype(v_cache.dtype), mode="drop")

@@ -19,6 +19,7 @@ def test_blocked_cache_attention_matches_dense_mask():
     lengths = start + num_valid
     slots = jnp.arange(max_len)[None, None]
     mask = (slots <= positions[:, :, None]) & (slots < lengths[:, None, None])
+    k = k.transpose(0, 1, 3, 2)  # the cache's slot-minor key layout [B, K, D, S]
     dense = cached_attention(q, k, v, mask)
     for block in (5, 8, 23, 128):  # several blocks, a partial last one, one block, S < block
         blocked = blocked_cached_attention(q, k, v, positions, lengths, block=block)

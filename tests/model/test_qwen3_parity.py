@@ -18,7 +18,7 @@ def tokens(shape, seed=0, vocab=128):
 
 
 def layers(per_layer):
-    """The per-layer cache arrays stacked: [layers, batch, kv_heads, max_len, head_dim]."""
+    """The per-layer cache arrays stacked: [layers, *one layer's shape]."""
     return np.stack([np.asarray(x) for x in per_layer])
 
 
@@ -127,10 +127,12 @@ def test_writes_past_max_len_are_dropped_not_wrapped(untied_model, untied_checkp
     logits, cache = jit_apply(untied_model, "extend", jnp.asarray(sequences[:, 4:8]),
                               jnp.array([4, 0]), cache)
     assert cache.lengths.tolist() == [8, 2]  # overflow is visible to the caller
-    np.testing.assert_array_equal(layers(cache.k)[:, 0, :, :4], layers(before.k)[:, 0, :, :4])  # nothing wrapped
+    # keys are slot-minor [.., D, S], values [.., S, D]
+    np.testing.assert_array_equal(layers(cache.k)[:, 0, :, :, :4], layers(before.k)[:, 0, :, :, :4])  # nothing wrapped
     np.testing.assert_array_equal(layers(cache.v)[:, 0, :, :4], layers(before.v)[:, 0, :, :4])
     np.testing.assert_array_equal(layers(cache.k)[:, 1], layers(before.k)[:, 1])  # num_valid 0: untouched
-    assert not np.array_equal(layers(cache.k)[:, 0, :, 4:6], layers(before.k)[:, 0, :, 4:6])  # in-range slots written
+    assert not np.array_equal(layers(cache.k)[:, 0, :, :, 4:6], layers(before.k)[:, 0, :, :, 4:6])  # in-range slots written
+    assert not np.array_equal(layers(cache.v)[:, 0, :, 4:6], layers(before.v)[:, 0, :, 4:6])
     # Tokens that still fit in the cache have exact logits.
     assert max_diff(logits[0, :2], expected[0, 4:6]) < TOL
 
@@ -178,8 +180,9 @@ def test_fresh_model_shapes_and_cache_contract():
     model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     assert not hasattr(model, "lm_head")
     cache = init_cache(config, batch=2, max_len=5)
-    # Per layer, heads-major: [batch, kv_heads, max_len, head_dim].
-    assert isinstance(cache, KVCache) and [k.shape for k in cache.k + cache.v] == [(2, 1, 5, 8)] * 2
+    # Per layer, heads-major: keys [batch, kv_heads, head_dim, max_len], values [.., max_len, head_dim].
+    assert isinstance(cache, KVCache) and [k.shape for k in cache.k] == [(2, 1, 8, 5)]
+    assert [v.shape for v in cache.v] == [(2, 1, 5, 8)]
     assert cache.lengths.dtype == jnp.int32 and cache.max_len == 5
     logits, cache = model.decode(jnp.array([1, 2]), cache, jnp.array([True, False]))
     assert logits.shape == (2, 64) and cache.lengths.tolist() == [1, 0]
