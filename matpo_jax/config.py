@@ -105,6 +105,13 @@ def base_config() -> ml_collections.ConfigDict:
     # synthetic world: > 0 gives SFT demonstrations their own entities (an `sft` split taken from
     # train), so RL rewards come from reading, never from facts SFT made the model memorise
     c.data.sft_fraction = 0.0
+    # RL draws only train questions SFT did not demonstrate (entities shared): their answers were
+    # never SFT targets, so a reward needs the facts found and read, not recalled
+    c.data.rl_skips_demonstrated = False
+    # synthetic world: > 0 builds names from a shared lexicon of that many pseudo-words, so every
+    # word of a held-out entity's name also occurs in train names (a new combination, not a new
+    # token a small model never learned to emit); 0 draws fresh words per name
+    c.data.name_words = 0
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.mode = "matpo"  # matpo: planner + workers; single: one agent with the tools
@@ -246,6 +253,7 @@ RANGES: dict[str, Interval] = {
     "data.batch_size": AT_LEAST_ONE,
     "data.noise": UNIT,
     "data.sft_fraction": Interval(ge=0, lt=0.7),  # a share of the 0.7 train share of entities
+    "data.name_words": NON_NEGATIVE,
     "rollout.group_size": AT_LEAST_ONE,
     "rollout.temperature": NON_NEGATIVE,
     "rollout.top_p": Interval(gt=0, le=1),

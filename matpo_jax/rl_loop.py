@@ -16,6 +16,7 @@ from flax import nnx
 
 from matpo_jax import checkpoint as ckpt_lib
 from matpo_jax import metrics as metrics_lib
+from matpo_jax import sft as sft_lib
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.rl import advantages as adv_lib
@@ -92,6 +93,23 @@ def rl_batch(rt: Runtime, rollouts, golds, questions, loss_cfg, row_multiple: in
     return batch, metrics
 
 
+def rl_question_source(rt: Runtime):
+    """The train split, less the questions SFT demonstrated when data.rl_skips_demonstrated."""
+    cfg = rt.cfg
+    train = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)["train"]
+    if not bool(cfg.data.rl_skips_demonstrated) or sft_lib.demonstration_split(cfg) != "train":
+        return train
+    demonstrated = set(sft_lib.demonstrated_indices(cfg, len(train)).tolist())
+    rest = [i for i in range(len(train)) if i not in demonstrated]
+    if len(rest) < int(cfg.data.batch_size):
+        raise ValueError(
+            f"data.rl_skips_demonstrated: sft.num_demos={int(cfg.sft.num_demos)} of "
+            f"{len(train)} train questions leaves {len(rest)} for RL, fewer than "
+            f"data.batch_size={int(cfg.data.batch_size)}; raise data.num_questions")
+    log.info("RL questions: %d train questions SFT did not demonstrate", len(rest))
+    return loader_lib.SubsetSource(train, rest)
+
+
 def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWriter,
            evaluate_fn=None):
     """Trains `cfg.train.steps` RL steps from `params` (or the newest RL checkpoint)."""
@@ -103,7 +121,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
     graphdef, state, shardings = step_lib.init_train_state(model, tx, rt.mesh, seed=seed)
     checkpoints = rl_checkpointer(rt)
     loader = loader_lib.make_loader("train", int(cfg.data.batch_size), int(cfg.data.shuffle_seed),
-                                    config=rt.assets.config, data_dir=rt.assets.data_dir)
+                                    source=rl_question_source(rt))
     questions_iter = iter(loader)
     start = 0
     restored = checkpoints.restore_latest(state.params, state.opt_state)

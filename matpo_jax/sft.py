@@ -39,10 +39,15 @@ def demonstration_split(cfg) -> str:
     return synthetic_world.SFT_SPLIT if float(cfg.data.sft_fraction) > 0 else "train"
 
 
+def demonstrated_indices(cfg, num_records: int) -> np.ndarray:
+    """Which records of the demonstration split SFT turns into demonstrations (seeded)."""
+    return numpy_rng(int(cfg.train.seed), 7).permutation(num_records)[: int(cfg.sft.num_demos)]
+
+
 def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     cfg = rt.cfg
     source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[demonstration_split(cfg)]
-    order = numpy_rng(int(cfg.train.seed), 7).permutation(len(source))[: int(cfg.sft.num_demos)]
+    order = demonstrated_indices(cfg, len(source))
     questions = [question_from_record(loader_lib.decode_record(source[int(i)])) for i in order]
     max_chars = int(cfg.tools.max_response_chars)
     oracle = Oracle(tool_text(rt.toolbox, "search", max_chars),

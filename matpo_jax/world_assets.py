@@ -42,7 +42,8 @@ def world_config(cfg) -> synthetic_multihop.SyntheticMultihopConfig:
     return synthetic_multihop.make_config(
         seed=int(data.world_seed), num_entities=int(data.num_entities), noise=float(data.noise),
         num_questions=int(data.num_questions), max_hops=int(data.max_hops),
-        fact_style=str(data.fact_style), sft_fraction=float(data.sft_fraction))
+        fact_style=str(data.fact_style), sft_fraction=float(data.sft_fraction),
+        name_words=int(data.name_words))
 
 
 def question_from_record(record: dict) -> synthetic_world.Question:

@@ -50,6 +50,19 @@ def open_source(config: str | synthetic_multihop.SyntheticMultihopConfig = "defa
     return tfds.data_source(f"synthetic_multihop/{name}", data_dir=data_dir, download=False)
 
 
+class SubsetSource:
+    """Records `indices` of a random-access source, as a random-access source of their own."""
+
+    def __init__(self, source, indices):
+        self._source, self._indices = source, [int(i) for i in indices]
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: int):
+        return self._source[self._indices[index]]
+
+
 def make_loader(
     split: str,
     batch_size: int,

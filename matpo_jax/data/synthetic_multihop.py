@@ -23,7 +23,7 @@ from matpo_jax.data import synthetic_world
 CORPUS_FILENAME = "corpus.jsonl"
 FILE_FORMAT = "array_record"  # random access for grain; written by tfds without TensorFlow
 WORLD_FIELDS = ("seed", "num_entities", "noise", "num_questions", "max_hops", "fact_style",
-                "sft_fraction")
+                "sft_fraction", "name_words")
 
 
 @dataclasses.dataclass(eq=False)
@@ -37,6 +37,7 @@ class SyntheticMultihopConfig(tfds.core.BuilderConfig):
     max_hops: int = 4
     fact_style: str = "varied"
     sft_fraction: float = 0.0  # > 0: an `sft` split of its own entities (demonstrations)
+    name_words: int = 0  # > 0: names built from a shared lexicon of that many words
 
     def world_kwargs(self) -> dict:
         return {field: getattr(self, field) for field in WORLD_FIELDS}
@@ -59,6 +60,8 @@ def make_config(name: str | None = None, **world_kwargs) -> SyntheticMultihopCon
             name += f"_{values['fact_style']}"
         if values["sft_fraction"]:
             name += f"_sft{values['sft_fraction']:g}".replace(".", "p")
+        if values["name_words"]:
+            name += f"_w{values['name_words']}"
     return SyntheticMultihopConfig(name=name, description=f"synthetic world {values}", **values)
 
 
@@ -66,11 +69,13 @@ class SyntheticMultihop(tfds.core.GeneratorBasedBuilder):
     """Multi-hop questions over a procedurally generated world (see synthetic_world.py)."""
 
     # Bump whenever the generator's output changes, so a cached world is never silently reused.
-    VERSION = tfds.core.Version("1.4.0")
+    VERSION = tfds.core.Version("1.5.0")
     RELEASE_NOTES = {"1.0.0": "First release.", "1.1.0": "Short page ids (d42); shorter texts.",
                      "1.2.0": "Page ids name their entity (page <name>).",
                      "1.3.0": "Plain facts as key-value lines without 'is' (X founder Y.).",
-                     "1.4.0": "Optional sft split (sft_fraction); worlds without it unchanged."}
+                     "1.4.0": "Optional sft split (sft_fraction); worlds without it unchanged.",
+                     "1.5.0": "Optional shared name lexicon (name_words); worlds without it "
+                              "unchanged."}
     BUILDER_CONFIGS = [
         make_config("default", noise=0.0),
         make_config("noisy", noise=0.5),

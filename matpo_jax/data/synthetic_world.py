@@ -245,11 +245,14 @@ def build_world(
     max_noise_sentences: int = 24,
     fact_style: str = "varied",
     sft_fraction: float = 0.0,
+    name_words: int = 0,
 ) -> World:
     """Generates a world. `num_questions` is a target shared equally by hop counts 1..max_hops and
     by the splits in proportion to `split_fractions` (fewer when a partition has fewer chains).
     sft_fraction > 0 carves an `sft` split (that share of all entities) out of `train`; at 0 the
-    world is exactly the three-split one."""
+    world is exactly the three-split one. name_words > 0 builds every entity name from a shared
+    lexicon of that many pseudo-words (so a held-out entity's name is a new combination of words
+    that train names also use); at 0 each name draws fresh pseudo-words."""
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise must be in [0, 1], got {noise}")
     if not 1 <= max_hops <= 4:
@@ -263,14 +266,18 @@ def build_world(
     if sft_fraction > 0:
         splits = SPLITS + (SFT_SPLIT,)
         split_fractions = (split_fractions[0] - sft_fraction, *split_fractions[1:], sft_fraction)
+    if name_words < 0 or 0 < name_words < 20:
+        raise ValueError(f"name_words must be 0 (fresh words) or >= 20, got {name_words}")
     if num_entities < 40:
         raise ValueError(f"num_entities must be >= 40 (each split needs every type), got {num_entities}")
     # Independent streams, so the noise knob changes only the noise sentences: the same seed
     # gives the same entities, facts, page layout, doc ids and questions at every noise level.
     world_rng, page_rng, noise_rng, question_rng = (
         np.random.default_rng([seed, stream]) for stream in range(4))
+    # The lexicon has its own stream: name_words=0 worlds draw exactly what they always drew.
+    lexicon = _lexicon(np.random.default_rng([seed, 4]), name_words) if name_words else None
     entities = _make_entities(world_rng, num_entities, splits, split_fractions,
-                              near_duplicate_rate)
+                              near_duplicate_rate, lexicon)
     _assign_facts(world_rng, entities, splits)
     documents = _write_pages(page_rng, noise_rng, entities, noise, second_page_rate,
                              max_noise_sentences, fact_style)
@@ -287,19 +294,31 @@ def _pseudo_word(rng: np.random.Generator, syllables: int = 2) -> str:
     return "".join(parts).capitalize()
 
 
-def _fresh_name(rng: np.random.Generator, entity_type: str, taken: set[str]) -> str:
+def _lexicon(rng: np.random.Generator, size: int) -> list[str]:
+    """`size` distinct pseudo-words of 1-3 syllables, the shared stock of name words."""
+    words: dict[str, None] = {}
+    while len(words) < size:
+        words.setdefault(_pseudo_word(rng, 1 + int(rng.integers(3))))
+    return list(words)
+
+
+def _fresh_name(rng: np.random.Generator, entity_type: str, taken: set[str],
+                lexicon: list[str] | None = None) -> str:
+    def word(syllables: int = 2) -> str:
+        return lexicon[rng.integers(len(lexicon))] if lexicon else _pseudo_word(rng, syllables)
+
     for _ in range(1000):
         if entity_type == PERSON:
-            name = f"{_pseudo_word(rng)} {_pseudo_word(rng, 1 + int(rng.integers(2)))}"
+            name = f"{word()} {word(1 + int(rng.integers(2)))}"
         elif entity_type == ORG:
-            name = f"{_pseudo_word(rng)} {_ORG_SUFFIXES[rng.integers(len(_ORG_SUFFIXES))]}"
+            name = f"{word()} {_ORG_SUFFIXES[rng.integers(len(_ORG_SUFFIXES))]}"
         elif entity_type == PLACE:
-            name = _pseudo_word(rng, 2 + int(rng.integers(2)))
+            name = word(2 + int(rng.integers(2)))
             if rng.random() < 0.3:
                 name = f"{_PLACE_PREFIXES[rng.integers(len(_PLACE_PREFIXES))]} {name}"
         else:
             first = (_WORK_ADJECTIVES[rng.integers(len(_WORK_ADJECTIVES))] if rng.random() < 0.7
-                     else _pseudo_word(rng))
+                     else word())
             name = f"The {first} {_WORK_NOUNS[rng.integers(len(_WORK_NOUNS))]}"
         if name not in taken:
             return name
@@ -321,7 +340,7 @@ def _near_duplicate(rng: np.random.Generator, name: str, taken: set[str]) -> str
 
 
 def _make_entities(rng, num_entities, splits, split_fractions,
-                   near_duplicate_rate) -> list[Entity]:
+                   near_duplicate_rate, lexicon=None) -> list[Entity]:
     # 40% people (most relations point at people), 20% each of the rest.
     counts = {PERSON: int(0.4 * num_entities), ORG: int(0.2 * num_entities),
               PLACE: int(0.2 * num_entities)}
@@ -344,7 +363,7 @@ def _make_entities(rng, num_entities, splits, split_fractions,
                            if i >= n - num_twins and originals else None)
             name = _near_duplicate(rng, twin_source.name, taken) if twin_source else None
             if name is None:
-                name, twin_source = _fresh_name(rng, entity_type, taken), None
+                name, twin_source = _fresh_name(rng, entity_type, taken, lexicon), None
             taken.add(name)
             kinds = _KINDS[entity_type]
             entity = Entity(id="", type=entity_type, name=name, split=splits[split_of[i]],

@@ -152,3 +152,26 @@ def test_sft_split_has_its_own_entities_and_leaves_the_rest_alone(world, small_w
     assert not train_docs & {h.doc_id for q in carved.questions[sw.SFT_SPLIT] for h in q.hops}
     with pytest.raises(ValueError, match="sft_fraction"):
         sw.build_world(seed=7, sft_fraction=0.7, **small_world_kwargs)
+
+
+def test_name_lexicon_shares_name_words_across_splits_but_not_entities(world, small_world_kwargs):
+    lexical = sw.build_world(seed=7, noise=0.0, name_words=40, **small_world_kwargs)
+    fixed = set(sw._ORG_SUFFIXES) | set(sw._PLACE_PREFIXES) | set(sw._WORK_ADJECTIVES) | set(
+        sw._WORK_NOUNS) | {"The"}
+
+    def name_words(w, split):
+        return {word for e in w.entities if e.split == split and not e.twin_of
+                for word in e.name.split() if word not in fixed}
+    held_out = name_words(lexical, "validation") | name_words(lexical, "test")
+    # every non-twin name is built from the 40-word stock, so held-out names reuse train words
+    assert len(name_words(lexical, "train") | held_out) <= 40
+    assert len(held_out - name_words(lexical, "train")) <= 0.2 * len(held_out)
+    # without it most held-out words are new (the setting a tiny model cannot copy well)
+    fresh_held_out = name_words(world, "validation") | name_words(world, "test")
+    assert len(fresh_held_out - name_words(world, "train")) > 0.5 * len(fresh_held_out)
+    # still a closed world per split: distinct names, no held-out entity in a train chain
+    assert len({e.name for e in lexical.entities}) == len(lexical.entities)
+    train_entities = {h.subject_id for q in lexical.questions["train"] for h in q.hops}
+    assert not train_entities & {h.subject_id for q in lexical.questions["test"] for h in q.hops}
+    with pytest.raises(ValueError, match="name_words"):
+        sw.build_world(seed=7, name_words=5, **small_world_kwargs)
