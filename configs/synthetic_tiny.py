@@ -20,11 +20,12 @@ def get_config(arg=None):
     # (with 200 the model memorised train names and hallucinated them at test time). Short pages.
     # fact_style plain: "X founder Y." lines: the value follows the relation word, which is unique
     # on the page, so reading a fact is one induction step.
-    # SFT and RL questions share the train entities (data.sft_fraction=0): the model answers many
-    # RL questions from facts SFT showed it, but giving SFT its own 35% of the entities left it
-    # too few names to learn copying from (validation 1% after SFT instead of 7%).
+    # SFT and RL questions share the train entities (data.sft_fraction=0; giving SFT its own 35%
+    # of the entities left it too few names to learn copying from: validation 1% after SFT
+    # instead of 7%), but RL draws only the train questions SFT did not demonstrate
+    # (rl_skips_demonstrated): over 3 seeds every run then gained on validation (+1.4 to +2.2).
     c.data.update(num_entities=1000, num_questions=2400, max_hops=2, noise=0.05, batch_size=4,
-                  fact_style="plain")
+                  fact_style="plain", rl_skips_demonstrated=True)
     c.rollout.update(group_size=8, max_context=1024, max_new_tokens_per_turn=64,
                      max_turns_planner=4, max_turns_worker=4, decode_slots=32,
                      report_max_chars=200, final_summary_max_tokens=64)
@@ -37,7 +38,9 @@ def get_config(arg=None):
     c.sft.update(steps=2000, lr=3e-3, batch_size=2, num_demos=1600, wasted_search=0.0,
                  wrong_open=0.0, copy_weight=5.0, copy_every=4, copy_span=24)
     # G = 8 samples of 4 questions: at a low starting accuracy more groups hold a success.
-    c.rl.update(lr=3e-4, pack_rows=8, pack_len=1024, warmup_steps=0)
+    # lr 1e-4: 3e-4 moved runs both ways (seed 1 lost 0.6 points, seed 2 gained 0.5).
+    c.rl.update(lr=1e-4, pack_rows=8, pack_len=1024, warmup_steps=0)
     c.train.update(steps=30, eval_every=0, checkpoint_every=10, log_every=1)
-    c.eval.update(num_questions=96)
+    # Every validation question (360): on 96 one question is ~1 point, as much as RL moves.
+    c.eval.update(num_questions=0)
     return apply_overrides(c, arg)

@@ -11,10 +11,12 @@ stream exactly. Records are decoded to str in the loader, so batches are plain p
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Sequence
 
 import grain.python as grain
+import numpy as np
 import tensorflow_datasets as tfds
 
 from matpo_jax.data import synthetic_multihop
@@ -61,6 +63,12 @@ class SubsetSource:
 
     def __getitem__(self, index: int):
         return self._source[self._indices[index]]
+
+    def __repr__(self) -> str:
+        # Grain checks a restored iterator against repr(source): it must name the same records
+        # in every process, so no object ids.
+        digest = hashlib.sha1(np.asarray(self._indices, np.int64).tobytes()).hexdigest()[:16]
+        return f"SubsetSource({self._source!r}, {len(self._indices)} records, indices {digest})"
 
 
 def make_loader(

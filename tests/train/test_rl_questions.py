@@ -41,6 +41,8 @@ def test_rl_pool_is_the_train_split_less_the_demonstrated_questions(runtime):
     assert len(demonstrated) == 40
     assert set(_ids(pool)).isdisjoint(demonstrated)
     assert sorted(_ids(pool) + sorted(demonstrated)) == sorted(every)
+    # a resumed run rebuilds the pool: grain checks its restored iterator against repr(source)
+    assert repr(rl_question_source(runtime)) == repr(pool) and "0x" not in repr(pool)
     # what the RL loop reads through it: undemonstrated questions only
     batches = iter(make_loader("train", 4, seed=0, num_epochs=1, source=pool))
     seen = {qid for batch in batches for qid in batch["id"]}
