@@ -105,8 +105,8 @@ def base_config() -> ml_collections.ConfigDict:
     # synthetic world: > 0 gives SFT demonstrations their own entities (an `sft` split taken from
     # train), so RL rewards come from reading, never from facts SFT made the model memorise
     c.data.sft_fraction = 0.0
-    # RL draws only train questions SFT did not demonstrate (entities shared): their answers were
-    # never SFT targets, so a reward needs the facts found and read, not recalled
+    # RL draws only train questions SFT did not demonstrate: their answers were never SFT targets
+    # (entities are shared, so facts seen in SFT contexts can still be recalled)
     c.data.rl_skips_demonstrated = False
     # synthetic world: > 0 builds names from a shared lexicon of that many pseudo-words, so every
     # word of a held-out entity's name also occurs in train names (a new combination, not a new
