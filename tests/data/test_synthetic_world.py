@@ -171,7 +171,10 @@ def test_name_lexicon_shares_name_words_across_splits_but_not_entities(world, sm
     assert len(fresh_held_out - name_words(world, "train")) > 0.5 * len(fresh_held_out)
     # still a closed world per split: distinct names, no held-out entity in a train chain
     assert len({e.name for e in lexical.entities}) == len(lexical.entities)
-    train_entities = {h.subject_id for q in lexical.questions["train"] for h in q.hops}
-    assert not train_entities & {h.subject_id for q in lexical.questions["test"] for h in q.hops}
+    def chain_entities(split):
+        return {e for q in lexical.questions[split] for h in q.hops
+                for e in (h.subject_id, h.object_id) if e is not None}
+    for split in ("validation", "test"):
+        assert chain_entities(split) and not chain_entities("train") & chain_entities(split)
     with pytest.raises(ValueError, match="name_words"):
         sw.build_world(seed=7, name_words=5, **small_world_kwargs)
