@@ -125,6 +125,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.max_new_tokens_per_turn = 256
     c.rollout.max_worker_calls_per_turn = 1  # subagent calls one planner turn may make
     c.rollout.decode_slots = 32  # concurrent sequences in the decode batch
+    # Compute each role's system turn (and each question's prompt, shared by its G samples) once
+    # per rollout batch and start the slots that hold it from that cache. Off: prefill in full.
+    c.rollout.reuse_prefixes = True
     c.rollout.report_max_chars = 1000  # worker report handed to the planner is cut here
     c.rollout.final_summary = True  # give a stopped worker one no-tools turn to write its report
     c.rollout.final_summary_max_tokens = 256

@@ -104,7 +104,8 @@ def rollout_config(cfg, *, evaluation: bool = False) -> rollout_lib.RolloutConfi
         tool_response_max_chars=int(cfg.tools.max_response_chars),
         final_summary=bool(r.final_summary), user_query_recap=bool(r.user_query_recap),
         malformed_tool_call=r.malformed_tool_call, slots=int(r.decode_slots),
-        temperature=temperature, top_p=float(r.top_p))
+        temperature=temperature, top_p=float(r.top_p), top_k=int(r.top_k),
+        reuse_prefixes=bool(r.reuse_prefixes))
 
 
 def rng_for(seed: int, *path: int) -> jax.Array:

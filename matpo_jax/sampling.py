@@ -5,8 +5,10 @@ slot stops (a stop token, its turn cap, a full cache) the loop leaves XLA once, 
 `io_callback`, hands every stopped slot's turn to the host (`SlotEvents`) and receives what to
 write next (`SlotInjection`: prompts, tool responses, re-prefilled contexts). The injected tokens
 are written inside the loop by `model.extend_last` of a static bucket width over only the rows that
-receive tokens, a static number of lanes at a time (long ones by a loop of fixed-width chunks), so a rollout with many tool calls is a single compiled program: no
-recompiles, no re-upload of the cache, no Python per decoded token.
+receive tokens, a static number of lanes at a time (long ones by a loop of fixed-width chunks), so
+a rollout with many tool calls is a single compiled program: no recompiles, no re-upload of the
+cache, no Python per decoded token. Prompt prefixes that many sequences share are computed once
+per loop and copied into the slots that start with them (see `sampling_writes`).
 
 Structure: outer loop = [host call -> inject] then an inner loop that decodes until some slot
 stops; the host is therefore called exactly once per iteration in which any slot stopped (and once
@@ -30,13 +32,15 @@ from flax import nnx
 from jax.experimental import io_callback
 
 from matpo_jax.model.qwen3 import KVCache, init_cache
+from matpo_jax.sampling_writes import (build_prefix_store, copy_prefixes, inject,
+                                       prefix_store_shape)
 from matpo_jax.sampling_ops import Sampling, SamplingConfigError, row_keys, sample_tokens
 
 __all__ = [
     "STOP_NONE", "STOP_EOS", "STOP_IM_END", "STOP_TOOL_CALL", "STOP_TURN_CAP", "STOP_CACHE_FULL",
     "STOP_REASON_NAMES", "Sampling", "SamplingConfigError", "SlotEvents", "SlotInjection",
     "SlotHost", "SlotProtocolError", "SlotLoopStats", "chat_stop_ids", "default_buckets",
-    "default_lanes",
+    "default_lanes", "prefix_store_shape",
     "run_slots", "generate",
 ]
 
@@ -80,12 +84,16 @@ class SlotInjection:
     reset: np.ndarray  # bool[B]: cache length set to 0 before writing (a new sequence)
     active: np.ndarray  # bool[B]: the slot decodes on afterwards (False = idle)
     done: bool = False  # end the loop
+    # int32[B] or None: a reset slot starts from run_slots' prefixes[prefix[b]] (its cached keys
+    # and values) and `tokens` are appended after it; -1 = no prefix.
+    prefix: np.ndarray | None = None
 
     @classmethod
     def nothing(cls, slots: int, width: int = 1) -> "SlotInjection":
         """An injection that writes nothing and leaves every slot idle; hosts fill it in place."""
         return cls(tokens=np.zeros((slots, width), np.int32), num=np.zeros(slots, np.int32),
-                   reset=np.zeros(slots, bool), active=np.zeros(slots, bool), done=False)
+                   reset=np.zeros(slots, bool), active=np.zeros(slots, bool), done=False,
+                   prefix=np.full(slots, -1, np.int32))
 
 
 class SlotHost(Protocol):
@@ -147,8 +155,9 @@ def _stop_table(stop_ids: Mapping[int, int] | Sequence[int]) -> tuple[tuple[int,
 class _HostSession:
     """A live run_slots call: its host, shapes for validation, and the first host error."""
 
-    def __init__(self, host: SlotHost, slots: int, max_len: int):
+    def __init__(self, host: SlotHost, slots: int, max_len: int, prefix_lengths=()):
         self.host, self.slots, self.max_len = host, slots, max_len
+        self.prefix_lengths = np.asarray(prefix_lengths, np.int32)
         self.error: BaseException | None = None
 
 
@@ -173,7 +182,8 @@ def _call_host(session_id, stopped, stop_reason, turn_tokens, turn_logprobs, tur
         except BaseException as error:  # noqa: BLE001 - re-raised by run_slots
             session.error = error
     finish = SlotInjection.nothing(session.slots, session.max_len)
-    return finish.tokens, finish.num, finish.reset, finish.active, np.bool_(True)
+    return (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
+            np.bool_(True))
 
 
 def _check_injection(injection, events: SlotEvents, session: _HostSession):
@@ -196,7 +206,18 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
             f"SlotInjection.tokens must have shape [{slots}, K <= {max_len}], got {tokens.shape}")
     padded = np.zeros((slots, max_len), np.int32)
     padded[:, :tokens.shape[1]] = tokens
+    prefix = (np.full(slots, -1, np.int32) if injection.prefix is None
+              else field("prefix", np.int32, (slots,)))
+    known = len(session.prefix_lengths)
+    for slot in np.flatnonzero((prefix < -1) | (prefix >= known))[:1]:
+        raise SlotProtocolError(f"SlotInjection.prefix[{slot}]={prefix[slot]} is outside "
+                                f"[-1, {known}) (run_slots got {known} prefixes)")
+    for slot in np.flatnonzero((prefix >= 0) & ~reset)[:1]:
+        raise SlotProtocolError(f"SlotInjection.prefix[{slot}] is set but reset[{slot}] is not: "
+                                "only a new sequence can start from a prefix")
     start = np.where(reset, 0, events.cache_len)
+    if known:
+        start = np.where(prefix >= 0, session.prefix_lengths[np.maximum(prefix, 0)], start)
     for slot in np.flatnonzero((num < 0) | (num > tokens.shape[1]))[:1]:
         raise SlotProtocolError(f"SlotInjection.num[{slot}]={num[slot]} is outside "
                                 f"[0, {tokens.shape[1]}] (the width of tokens)")
@@ -206,7 +227,7 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
             f"{start[slot]} tokens and the cache has max_len={max_len}")
     for slot in np.flatnonzero(active & (start + num == 0))[:1]:
         raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
-    return padded, num, reset, active, np.bool_(injection.done)
+    return padded, num, reset, active, prefix, np.bool_(injection.done)
 
 
 # ----------------------------------------------------------------------------- the jitted loop
@@ -225,76 +246,6 @@ class _LoopState(NamedTuple):
     host_calls: jax.Array  # int32 scalar
     sampled_tokens: jax.Array  # int32 scalar
     done: jax.Array  # bool scalar
-
-
-def _inject(model, cache: KVCache, logits, tokens, num, buckets, lanes: int):
-    """Appends tokens[b, :num[b]] with the smallest static width in `buckets` that fits max(num);
-    longer injections go through `_inject_in_chunks` of the last width.
-
-    Nothing runs when num is all 0. An injected row's next-token logits are the extend logits at
-    index num-1. The width is picked by one `lax.cond` per bucket (at most one is taken) rather
-    than a `lax.switch`: XLA updates the cache in place through a conditional whose other branch is
-    the identity, but copies the whole cache in and out of a switch whose several branches write it.
-    Only the rows that receive tokens are extended, `lanes` at a time (see `_extend_rows`).
-    """
-
-    def extend_once(width):
-        return lambda cache, logits: _extend_rows(model, cache, logits, tokens[:, :width], num,
-                                                  lanes)
-
-    branches = [extend_once(width) for width in buckets]
-    if buckets[-1] < tokens.shape[1]:
-        branches.append(lambda cache, logits: _inject_in_chunks(model, cache, logits, tokens, num,
-                                                                buckets[-1], lanes))
-    longest = jnp.max(num)
-    chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
-    for index, branch in enumerate(branches):
-        cache, logits = jax.lax.cond(chosen == index, branch, lambda c, l: (c, l), cache, logits)
-    return cache, logits
-
-
-def _extend_rows(model, cache: KVCache, logits, tokens, num, lanes: int):
-    """Extends the rows with num > 0 and sets their next-token logits; other rows keep theirs.
-
-    With lanes < B, the rows that receive tokens are gathered `lanes` at a time into a sub-cache
-    (a static [lanes, ...] shape), extended, and scattered back, looping while rows remain: a
-    host call that writes one tool response pays for one lane, not for all B slots. Only each
-    row's last written position is projected to the vocabulary (`model.extend_last`)."""
-    slots = num.shape[0]
-    if lanes >= slots:
-        new, cache = model.extend_last(tokens, num, cache)
-        return cache, jnp.where((num > 0)[:, None], new, logits)
-
-    def extend_lanes(carry):
-        cache, logits, pending = carry
-        rows = jnp.nonzero(pending, size=lanes, fill_value=slots)[0]  # slots = an empty lane
-        gather = jnp.minimum(rows, slots - 1)
-        lane_num = jnp.where(rows < slots, num[gather], 0)
-        new, sub = model.extend_last(tokens[gather], lane_num, cache.rows(gather))
-        # Empty lanes scatter to row `slots`, which mode="drop" discards.
-        return (cache.set_rows(rows, sub), logits.at[rows].set(new, mode="drop"),
-                pending.at[rows].set(False, mode="drop"))
-
-    cache, logits, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2]), extend_lanes,
-                                          (cache, logits, num > 0))
-    return cache, logits
-
-
-def _inject_in_chunks(model, cache: KVCache, logits, tokens, num, chunk: int, lanes: int):
-    """Writes a long injection as a loop of `chunk`-wide extends: the extend activations stay
-    chunk-sized whatever the context length, and only one more extend width is compiled."""
-
-    def write_chunk(carry):
-        start, cache, logits = carry
-        part = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-        cache, logits = _extend_rows(model, cache, logits, part, jnp.clip(num - start, 0, chunk),
-                                     lanes)
-        return start + chunk, cache, logits
-
-    tokens = jnp.pad(tokens, ((0, 0), (0, -tokens.shape[1] % chunk)))  # every slice in bounds
-    _, cache, logits = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(num), write_chunk,
-                                          (jnp.int32(0), cache, logits))
-    return cache, logits
 
 
 def _stop_reasons(tokens, stop_table):
@@ -336,20 +287,25 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
         decode_steps=s.decode_steps + 1, sampled_tokens=s.sampled_tokens + jnp.sum(sampling_rows))
 
 
-def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int):
+def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int,
+                store=None):
     """One host call with the current events, then the injection it answers with."""
     slots = s.active.shape[0]
     result_shapes = (jax.ShapeDtypeStruct((slots, max_len), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((), jnp.bool_))
-    tokens, num, reset, active, done = io_callback(
+    tokens, num, reset, active, prefix, done = io_callback(
         _call_host, result_shapes, session_id, s.stopped, s.stop_reason, s.turn_tokens,
         s.turn_logprobs, s.turn_len, s.cache.lengths, ordered=True)
     cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
+    logits = s.logits
+    if store is not None:
+        cache, logits = copy_prefixes(cache, logits, store, prefix)
     num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
-    cache, logits = _inject(model, cache, s.logits, tokens, num, buckets, lanes)
+    cache, logits = inject(model, cache, logits, tokens, num, buckets, lanes)
     # A new turn starts for slots that stopped or received tokens.
     new_turn = s.stopped | reset | (num > 0)
     return s._replace(
@@ -360,10 +316,12 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table"))
-def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, *, slots,
-               max_len, max_turn, buckets, lanes, sampling, stop_table):
+def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
+               prefix_lengths, *, slots, max_len, max_turn, buckets, lanes, sampling, stop_table):
     model = nnx.merge(graphdef, model_state)
     config = model.config
+    store = (build_prefix_store(model, prefix_tokens, prefix_lengths, buckets)
+             if prefix_tokens.shape[0] else None)
     state = _LoopState(
         cache=init_cache(config, slots, max_len),
         logits=jnp.zeros((slots, config.vocab_size), jnp.float32),
@@ -384,7 +342,8 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
             lambda s: _decode_step(model, s, rng, sampling, stop_table, max_len), s)
 
     def outer_body(s):
-        return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len))
+        return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
+                                               store))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
     return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
@@ -394,7 +353,8 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
               max_turn: int | None = None, sampling: Sampling = Sampling(),
               stop_ids: Mapping[int, int] | Sequence[int] = (), rng=None,
               buckets: Sequence[int] | None = None, lanes: int | None = None,
-              max_steps: int = 1 << 30, max_host_calls: int = 1 << 30) -> SlotLoopStats:
+              prefixes: Sequence[Sequence[int]] = (), max_steps: int = 1 << 30,
+              max_host_calls: int = 1 << 30) -> SlotLoopStats:
     """Runs the slot loop until the host answers done (or a safety cap is hit).
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
@@ -403,6 +363,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     (default `default_buckets(max_len)`); longer injections are written in chunks of the last.
     lanes: rows extended together by an injection (default `default_lanes(slots)`); a host call
     writing into n rows runs ceil(n / lanes) extends of `lanes` rows each.
+    prefixes: token lists many sequences start with; their keys and values are computed once,
+    when the loop starts, and a host starts a reset slot from one (SlotInjection.prefix) instead
+    of writing those tokens again.
     max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
     All results reach the host through SlotEvents; this returns counters only."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
@@ -414,14 +377,16 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     if lanes <= 0:
         raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
     rng = jax.random.key(0) if rng is None else rng
-    session = _HostSession(host, slots, max_len)
+    prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len)
+    session = _HostSession(host, slots, max_len, [len(p) for p in prefixes])
     with _SESSIONS_LOCK:
         session_id = next(_SESSION_IDS)
         _SESSIONS[session_id] = session
     try:
         counters = _slot_loop(graphdef, model_state, rng, jnp.int32(session_id),
                               jnp.int32(min(max_steps, 2**31 - 1)),
-                              jnp.int32(min(max_host_calls, 2**31 - 1)), slots=slots,
+                              jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,
+                              prefix_lengths, slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
                               lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids))
         decode_steps, host_calls, sampled, done = jax.device_get(counters)
@@ -431,6 +396,22 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     if session.error is not None:
         raise session.error
     return SlotLoopStats(int(decode_steps), int(host_calls), int(sampled), not bool(done))
+
+
+def _prefix_arrays(prefixes: Sequence[Sequence[int]], buckets: Sequence[int], max_len: int):
+    """The store's input: tokens [rows, width] and lengths [rows] (padding rows have length 0)."""
+    lengths = [len(p) for p in prefixes]
+    for index, length in enumerate(lengths):
+        if not 0 < length <= max_len:
+            raise SlotProtocolError(f"prefixes[{index}] has {length} tokens; a prefix needs 1 to "
+                                    f"max_len={max_len}")
+    rows, width = prefix_store_shape(lengths, buckets)
+    tokens = np.zeros((rows, max(width, 1)), np.int32)
+    for index, prefix in enumerate(prefixes):
+        tokens[index, :len(prefix)] = prefix
+    padded = np.zeros(rows, np.int32)
+    padded[:len(lengths)] = lengths
+    return jnp.asarray(tokens), jnp.asarray(padded)
 
 
 # ----------------------------------------------------------------------------- plain generation

@@ -73,6 +73,7 @@ class RolloutConfig:
     slots: int = 8  # B: rows of the shared decode batch
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
     mix_roles: bool = True  # False: planners and workers decode in separate phases (baseline)
     # Static widths of the sampler's injection writes (None: sampling.default_buckets). Every
     # host call pays the smallest width >= its longest injection (longer: chunks of the last),
@@ -81,6 +82,9 @@ class RolloutConfig:
     # Rows one injection extend writes together (None: sampling.default_lanes(slots)); a host call
     # writing into n slots runs ceil(n / lanes) extends of that many rows.
     injection_lanes: int | None = None
+    # Compute each role's system prompt (and, for G > 1, each question's prompt) once per batch
+    # and start every slot that holds it from that cache, instead of prefilling it per sequence.
+    reuse_prefixes: bool = True
     tool_threads: int = 16  # concurrent tool calls per host call
 
     def __post_init__(self):
@@ -110,7 +114,7 @@ class RolloutConfig:
     @property
     def sampling(self) -> sampling.Sampling:
         return sampling.Sampling(temperature=self.temperature, top_p=self.top_p,
-                                 max_turn_tokens=self.max_new_tokens)
+                                 top_k=self.top_k, max_turn_tokens=self.max_new_tokens)
 
 
 @dataclasses.dataclass
@@ -140,7 +144,8 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
         loop = sampling.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
             max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng,
-            buckets=cfg.injection_buckets, lanes=cfg.injection_lanes)
+            buckets=cfg.injection_buckets, lanes=cfg.injection_lanes,
+            prefixes=engine.scheduler.prefixes)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     metrics = rollout_metrics(rollouts, cfg)
@@ -152,27 +157,49 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
         sampled_tokens=loop.sampled_tokens, prefills=stats.prefills,
         prefill_tokens=stats.prefill_tokens, injected_tokens=stats.injected_tokens,
         resumed_in_place=stats.resumed_in_place, evictions=stats.evictions,
-        extend_positions=_extend_positions(stats.injection_widths, stats.injection_rows, cfg),
+        prefix_hits=stats.prefix_hits, prefix_tokens=stats.prefix_tokens,
+        extend_positions=(_extend_positions(stats.injection_lengths, cfg)
+                          + _prefix_store_positions(engine.scheduler.prefixes, cfg)),
         wall_time_s=time.perf_counter() - start)
     metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
 
 
-def _extend_positions(widths: Sequence[int], rows: Sequence[int], cfg: RolloutConfig) -> int:
-    """Token positions the sampler's injection writes computed: each host call that writes
-    extends the rows it writes, `lanes` rows at a time, by the smallest width that fits its
-    longest injection, or by chunks of the largest width (see sampling.run_slots)."""
-    buckets = sorted(min(b, cfg.max_context) for b in
-                     (cfg.injection_buckets or sampling.default_buckets(cfg.max_context)))
+def _extend_positions(lengths_per_call: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
+    """Token positions the sampler's injection writes computed (see sampling_writes.inject):
+    per host call, the written slots are extended `lanes` at a time in slot order, each group by
+    the smallest width that fits its longest write, or by chunks of the largest width; with
+    lanes >= slots, all slots at once by the width that fits the call's longest write."""
+    buckets = _buckets(cfg)
     lanes = min(cfg.injection_lanes or sampling.default_lanes(cfg.slots), cfg.slots)
-    positions = 0
-    for width, count in zip(widths, rows):
-        if not width:
-            continue
+
+    def span(width: int) -> int:
         fitting = [b for b in buckets if b >= width]
-        span = fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
-        positions += span * (cfg.slots if lanes >= cfg.slots else -(-count // lanes) * lanes)
+        return fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
+
+    positions = 0
+    for lengths in lengths_per_call:
+        if not lengths:
+            continue
+        if lanes >= cfg.slots:
+            positions += span(max(lengths)) * cfg.slots
+            continue
+        for start in range(0, len(lengths), lanes):
+            positions += span(max(lengths[start:start + lanes])) * lanes
     return positions
+
+
+def _buckets(cfg: RolloutConfig) -> list[int]:
+    """The sampler's injection widths, as run_slots normalises them."""
+    return sorted({min(b, cfg.max_context) for b in
+                   (cfg.injection_buckets or sampling.default_buckets(cfg.max_context))})
+
+
+def _prefix_store_positions(prefixes: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
+    """Token positions computed once per batch for the shared prefixes: one extend per prefix,
+    of the store's width."""
+    _, width = sampling.prefix_store_shape([len(p) for p in prefixes], _buckets(cfg))
+    return len(prefixes) * width
 
 
 def _stop_ids(chat) -> dict[int, int]:
@@ -223,12 +250,23 @@ class _Engine:
         role = PLANNER if cfg.mode == "matpo" else SINGLE
         schemas = [tools.SUBAGENT_SCHEMA] if role == PLANNER else [tools.SEARCH_SCHEMA,
                                                                     tools.OPEN_SCHEMA]
+        if cfg.reuse_prefixes:  # every sequence of a role starts with the role's system turn
+            self.scheduler.register_prefix(self._system_ids(role, schemas))
+            if role == PLANNER:
+                self.scheduler.register_prefix(
+                    self._system_ids(WORKER, [tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA]))
         for q, question in enumerate(questions):
             for g in range(cfg.group_size):
                 record = Rollout(rollout_id=len(self.agents), role=role, query_index=q,
                                  sample_index=g, parent_id=None)
                 agent = _Agent(record, schemas, question, cfg.max_turns_planner, cfg.max_context)
                 self._open(agent, prompts.question_prompt(question))
+                if cfg.reuse_prefixes and cfg.group_size > 1 and g == 0:
+                    self.scheduler.register_prefix(record.tokens)  # the G samples' shared prompt
+
+    def _system_ids(self, role: str, schemas: list[dict]) -> list[int]:
+        system = self.chat.system_prompt(prompts.ROLE_TEXT[role], schemas)
+        return self.chat.render([{"role": "system", "content": system}])[0]
 
     def _spawn_worker(self, planner: _Agent, subtask: str, response_index: int) -> None:
         cfg = self.cfg

@@ -12,7 +12,9 @@ stop. This host knows nothing about agents or tools. It hands every stopped sequ
 Waiting sequences (new ones, parked ones whose wait is over) are queued with
 `admit(seq_id, context)`, `context` being the sequence's whole token list. A parked sequence still
 in its slot resumes in place (only the new suffix is written); any other takes a free slot, which
-is reset and prefilled with the whole context.
+is reset and prefilled with the whole context, or, when the context starts with one of the
+registered `prefixes`, started from that prefix's cached keys and values and prefilled with the
+rest.
 
 `mix_roles=False` is the baseline the benchmark compares against: sequences of one group (role)
 decode at a time, and the next group starts only when the current one has no active slot left.
@@ -70,8 +72,10 @@ class SchedulerStats:
     injected_tokens: int = 0  # tokens appended in place (tool responses, resumed contexts...)
     resumed_in_place: int = 0  # parked sequences that found their cache still in their slot
     evictions: int = 0  # parked sequences whose slot was given to a waiting one
-    injection_widths: list[int] = dataclasses.field(default_factory=list)  # longest, per call
-    injection_rows: list[int] = dataclasses.field(default_factory=list)  # slots written, per call
+    # Per host call, the token counts written into the slots that receive any, in slot order.
+    injection_lengths: list[list[int]] = dataclasses.field(default_factory=list)
+    prefix_hits: int = 0  # admissions that started from a registered prefix
+    prefix_tokens: int = 0  # prompt tokens those admissions did not have to prefill
 
 
 @dataclasses.dataclass(order=True)
@@ -101,6 +105,8 @@ class SlotScheduler:
     def __init__(self, num_slots: int, injection_len: int, on_turns: TurnHandler, *,
                  mix_roles: bool = True, group_order: Sequence[Hashable] = ()):
         self.num_slots = num_slots
+        self.prefixes: list[list[int]] = []  # run_slots(prefixes=...) must get this very list
+        self._prefix_order: list[int] = []  # longest first: the longest match wins
         self.injection_len = injection_len
         self.on_turns = on_turns
         self.mix_roles = mix_roles
@@ -123,6 +129,14 @@ class SlotScheduler:
         heapq.heappush(self._waiting, _Waiting(priority, next(self._arrivals), seq_id,
                                                list(context), group))
 
+    def register_prefix(self, tokens: Sequence[int]) -> None:
+        """Declares a token prefix that admitted contexts may start with (before the loop runs)."""
+        tokens = list(tokens)
+        if tokens and tokens not in self.prefixes:
+            self.prefixes.append(tokens)
+            self._prefix_order = sorted(range(len(self.prefixes)),
+                                        key=lambda i: -len(self.prefixes[i]))
+
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
@@ -141,6 +155,7 @@ class SlotScheduler:
         self.stats.host_calls += 1
         writes: dict[int, list[int]] = {}  # slot -> tokens to append
         reset = np.zeros(self.num_slots, bool)
+        prefix = np.full(self.num_slots, -1, np.int32)
         turns = self._collect_turns(events)
         decisions = self.on_turns([turn for _, turn in turns]) if turns else {}
         for index, turn in turns:
@@ -155,15 +170,28 @@ class SlotScheduler:
                 writes[index] = list(decision.tokens)
                 self.stats.injected_tokens += len(decision.tokens)
         for index, tokens, fresh in self._place_waiting():
-            writes[index] = tokens
             reset[index] = fresh
             if fresh:
+                prefix[index], skipped = self._prefix_of(tokens)
+                tokens = tokens[skipped:]
                 self.stats.prefills += 1
                 self.stats.prefill_tokens += len(tokens)
+                self.stats.prefix_hits += skipped > 0
+                self.stats.prefix_tokens += skipped
             else:
                 self.stats.resumed_in_place += 1
                 self.stats.injected_tokens += len(tokens)
-        return self._injection(writes, reset)
+            writes[index] = tokens
+        return self._injection(writes, reset, prefix)
+
+    def _prefix_of(self, context: list[int]) -> tuple[int, int]:
+        """(index of the longest registered prefix the context starts with, its length), or
+        (-1, 0)."""
+        for index in self._prefix_order:
+            candidate = self.prefixes[index]
+            if len(candidate) <= len(context) and context[:len(candidate)] == candidate:
+                return index, len(candidate)
+        return -1, 0
 
     def _collect_turns(self, events) -> list[tuple[int, Turn]]:
         turns = []
@@ -235,11 +263,9 @@ class SlotScheduler:
                 self._phase = group
                 return
 
-    def _injection(self, writes: dict[int, list[int]], reset: np.ndarray):
-        width = max([0] + [len(ids) for ids in writes.values()])
-        self.stats.injection_widths.append(width)
-        self.stats.injection_rows.append(sum(1 for ids in writes.values() if ids))
-        width = max(width, 1)
+    def _injection(self, writes: dict[int, list[int]], reset: np.ndarray, prefix: np.ndarray):
+        self.stats.injection_lengths.append([len(writes[i]) for i in sorted(writes) if writes[i]])
+        width = max([1] + [len(ids) for ids in writes.values()])
         tokens = np.zeros((self.num_slots, width), np.int32)
         num = np.zeros(self.num_slots, np.int32)
         for index, ids in writes.items():
@@ -252,4 +278,4 @@ class SlotScheduler:
         if not active.any() and self._waiting:
             raise RuntimeError(f"{len(self._waiting)} sequences wait but none can be placed")
         return sampling.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
-                                      done=bool(not active.any()))
+                                      done=bool(not active.any()), prefix=prefix)

@@ -150,11 +150,13 @@ def _teacher_logprobs(graphdef, state, tokens):
 def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleScript],
                     run_tool: RunTool, report_max_chars: int, max_steps: int = 400,
                     learning_rate: float = 1e-2, vocab_size: int = 1024,
-                    user_query_recap: bool = True, think: str = "") -> ScriptedPolicy:
+                    user_query_recap: bool = True, think: str = "",
+                    architecture: dict | None = None) -> ScriptedPolicy:
     """Fetches the real tool outputs, trains a tokenizer and fits a tiny model to the scripts.
 
     think: reasoning text (`<think>...</think>`) opening every worker tool-call turn, for
     workloads whose tool loops decode long turns, as real reasoning models' do.
+    architecture: Qwen3Config fields replacing the tiny defaults (vocab_size is the tokenizer's).
     """
     conversations = {}
     for script in planners:
@@ -171,16 +173,17 @@ def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleS
                 message["content"] = think + message["content"]
     texts = [m["content"] for conv in conversations.values() for m in conv]
     chat = ChatFormat(train_tokenizer(texts * 4, vocab_size))
-    model = tiny_model(len(chat.tokenizer))
+    model = tiny_model(len(chat.tokenizer), **(architecture or {}))
     graphdef, state, margin = fit(model, [chat.render(c) for c in conversations.values()],
                                   max_steps, learning_rate)
     return ScriptedPolicy(chat, graphdef, state, margin, conversations)
 
 
-def tiny_model(vocab_size: int, seed: int = 0) -> Qwen3ForCausalLM:
-    config = Qwen3Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=16, max_position_embeddings=4096)
+def tiny_model(vocab_size: int, seed: int = 0, **architecture) -> Qwen3ForCausalLM:
+    fields = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                  max_position_embeddings=4096)
+    config = Qwen3Config(vocab_size=vocab_size, **{**fields, **architecture})
     return Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed))
 
 

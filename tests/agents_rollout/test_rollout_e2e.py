@@ -7,6 +7,7 @@ teacher-forced forward pass), links between planners and workers, and the metric
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from matpo_jax.agents import prompts
@@ -126,8 +127,24 @@ def test_metrics(batch):
     # worker meanwhile) was re-prefilled, on top of the 10 first admissions.
     assert m["resumed_in_place"] + (m["prefills"] - 10) == 4
     assert m["evictions"] == m["prefills"] - 10 > 0  # 3 slots for 4 planners and their workers
+    # Every admission into a fresh slot starts from a shared prefix: the role's system turn, or
+    # (planners, G=2) the question's whole prompt, computed once for the batch.
+    assert m["prefix_hits"] == m["prefills"]
     prompts_total = sum(r.trainable.index(True) for r in batch.rollouts)
-    assert m["prefill_tokens"] > prompts_total
+    assert m["prefill_tokens"] + m["prefix_tokens"] > prompts_total
+    assert m["prefill_tokens"] < prompts_total / 4
+
+
+def test_prefix_reuse_changes_no_token(batch, rollout):
+    """The same batch with every prompt prefilled in full: the same tokens, the same log-probs
+    (up to float rounding: the cached prefix was computed by a different extend)."""
+    plain = rollout([ADA.question, PAIR.question], group_size=2, reuse_prefixes=False)
+    assert plain.metrics["prefix_hits"] == 0
+    assert plain.metrics["prefill_tokens"] == (batch.metrics["prefill_tokens"]
+                                               + batch.metrics["prefix_tokens"])
+    for reused, full in zip(batch.rollouts, plain.rollouts):
+        assert reused.tokens == full.tokens and reused.trainable == full.trainable
+        np.testing.assert_allclose(reused.logprobs, full.logprobs, atol=1e-5)
 
 
 def test_single_agent_mode(policy, rollout):

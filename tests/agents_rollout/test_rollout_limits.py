@@ -2,6 +2,8 @@
 malformed tool calls (both policies), failing tools, and the slot host's own bookkeeping."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -236,3 +238,40 @@ def test_scheduler_without_role_mixing_runs_one_role_at_a_time():
     decisions.update({1: RELEASE})
     host(events(3, {1: 2}))
     assert host.slot_seq == [0, 10, None] and host.num_active == 1
+
+
+def test_scheduler_starts_new_sequences_from_their_longest_prefix():
+    decisions = {}
+    host = SlotScheduler(3, 64, lambda turns: {t.seq_id: decisions[t.seq_id] for t in turns})
+    host.register_prefix([1, 2])
+    host.register_prefix([1, 2, 3, 4])
+    host.register_prefix([1, 2])  # registered once
+    assert host.prefixes == [[1, 2], [1, 2, 3, 4]]
+    host.admit(0, [1, 2, 3, 4, 5, 6], group=PLANNER)  # both match: the longer wins
+    host.admit(1, [1, 2, 3, 4], group=PLANNER)  # exactly a prefix: nothing left to write
+    host.admit(2, [1, 2, 9], group=WORKER)
+    first = host(events(3, {}))
+    assert first.prefix.tolist() == [1, 1, 0] and first.reset.tolist() == [True] * 3
+    assert first.num.tolist() == [2, 0, 1] and first.tokens[0, :2].tolist() == [5, 6]
+    assert first.active.tolist() == [True] * 3
+    assert host.stats.prefix_hits == 3 and host.stats.prefix_tokens == 4 + 4 + 2
+    assert host.stats.prefill_tokens == 3
+    # Resuming in place writes only the new tokens, never from a prefix; a context with no
+    # registered prefix is written whole.
+    decisions.update({0: Continue([7]), 1: RELEASE, 2: RELEASE})
+    host.admit(3, [8, 1, 2], group=WORKER)
+    second = host(events(3, {0: 1, 1: 1, 2: 1}))
+    assert second.prefix.tolist() == [-1, -1, -1] and second.num.tolist() == [1, 3, 0]
+    assert second.reset.tolist() == [False, True, False]
+
+
+def test_extend_positions_count_each_lane_group_at_its_own_width():
+    from matpo_jax.agents.rollout import _extend_positions
+    cfg = dataclasses.replace(BASE, slots=4, max_context=256, injection_buckets=(16, 64),
+                              injection_lanes=2)
+    calls = [[300, 10, 70], [5], []]
+    # Lane groups (300, 10): 5 chunks of 64, x 2 lanes; (70): 2 chunks x 2; (5): 16 x 2.
+    assert _extend_positions(calls, cfg) == 320 * 2 + 128 * 2 + 16 * 2
+    # All slots at once: each call pays the width of its longest write on every slot.
+    wide = dataclasses.replace(cfg, injection_lanes=4)
+    assert _extend_positions(calls, wide) == 320 * 4 + 16 * 4

@@ -285,3 +285,14 @@ def test_sft_demonstrations_come_from_the_sft_split_only_when_the_world_has_one(
     cfg.data.sft_fraction = 0.8
     with pytest.raises(ConfigError, match="data.sft_fraction"):
         validate_config(cfg)
+
+
+def test_rollout_settings_reach_the_rollout_engine():
+    from matpo_jax.runtime import rollout_config
+    cfg = apply_overrides(base_config(), "rollout.top_k=3,rollout.top_p=0.5,rollout.temperature=0.7,"
+                                         "rollout.reuse_prefixes=False,rollout.decode_slots=5")
+    engine = rollout_config(cfg)
+    assert (engine.sampling.top_k, engine.sampling.top_p, engine.sampling.temperature) == (
+        3, 0.5, 0.7)
+    assert engine.reuse_prefixes is False and engine.slots == 5
+    assert rollout_config(cfg, evaluation=True).group_size == 1

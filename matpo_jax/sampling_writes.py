@@ -1,0 +1,145 @@
+"""How the slot loop writes into its KV cache: injected tokens and shared-prefix copies.
+
+An injection appends host-chosen tokens to some slots (prompts, tool responses, re-prefilled
+contexts) by `model.extend_last` of a static width. A prefix copy starts a reset slot from the
+cached keys and values of a prompt prefix that many sequences share (a role's system prompt, the
+question the G samples of a group answer), computed once per loop instead of once per sequence.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from matpo_jax.model.qwen3 import KVCache, init_cache
+
+
+def inject(model, cache: KVCache, logits, tokens, num, buckets, lanes: int):
+    """Appends tokens[b, :num[b]] to every row with num[b] > 0 and sets its next-token logits
+    (the extend's at index num-1); other rows keep theirs, and nothing runs when num is all 0.
+
+    With lanes >= B, all rows are extended together at the smallest width of `buckets` that fits
+    max(num). With lanes < B, the rows that receive tokens are gathered `lanes` at a time into a
+    sub-cache (a static [lanes, ...] shape), extended at the smallest width that fits that
+    group's longest write, and scattered back, looping while rows remain: a host call writing a
+    long page into one slot and a short tool error into another pays one long and one short
+    extend, not two long ones, and no slot that receives nothing costs anything. Only each row's
+    last written position is projected to the vocabulary (`model.extend_last`).
+    """
+    slots = num.shape[0]
+    if lanes >= slots:
+        return bucketed_extend(model, cache, logits, tokens, num, buckets)
+
+    def extend_lanes(carry):
+        cache, logits, pending = carry
+        rows = jnp.nonzero(pending, size=lanes, fill_value=slots)[0]  # slots = an empty lane
+        gather = jnp.minimum(rows, slots - 1)
+        lane_num = jnp.where(rows < slots, num[gather], 0)
+        sub, new = bucketed_extend(model, cache.rows(gather), logits[gather], tokens[gather],
+                                   lane_num, buckets)
+        # Empty lanes scatter to row `slots`, which mode="drop" discards.
+        return (cache.set_rows(rows, sub), logits.at[rows].set(new, mode="drop"),
+                pending.at[rows].set(False, mode="drop"))
+
+    cache, logits, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2]), extend_lanes,
+                                          (cache, logits, num > 0))
+    return cache, logits
+
+
+def bucketed_extend(model, cache: KVCache, logits, tokens, num, buckets):
+    """Extends every row of `cache` by the smallest static width in `buckets` that fits max(num);
+    longer writes go through a loop of extends of the last width (`extend_in_chunks`).
+
+    The width is picked by one `lax.cond` per bucket (at most one is taken) rather than a
+    `lax.switch`: XLA updates the cache in place through a conditional whose other branch is the
+    identity, but copies the whole cache in and out of a switch whose several branches write it.
+    """
+
+    def extend_once(width):
+        return lambda cache, logits: _extend(model, cache, logits, tokens[:, :width], num)
+
+    branches = [extend_once(width) for width in buckets]
+    if buckets[-1] < tokens.shape[1]:
+        branches.append(lambda cache, logits: extend_in_chunks(model, cache, logits, tokens, num,
+                                                                buckets[-1]))
+    longest = jnp.max(num)
+    chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
+    for index, branch in enumerate(branches):
+        cache, logits = jax.lax.cond(chosen == index, branch, lambda c, l: (c, l), cache, logits)
+    return cache, logits
+
+
+def _extend(model, cache: KVCache, logits, tokens, num):
+    new, cache = model.extend_last(tokens, num, cache)
+    return cache, jnp.where((num > 0)[:, None], new, logits)
+
+
+def extend_in_chunks(model, cache: KVCache, logits, tokens, num, chunk: int):
+    """Writes a long injection as a loop of `chunk`-wide extends: the extend activations stay
+    chunk-sized whatever the context length, and only one more extend width is compiled."""
+
+    def write_chunk(carry):
+        start, cache, logits = carry
+        part = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        cache, logits = _extend(model, cache, logits, part, jnp.clip(num - start, 0, chunk))
+        return start + chunk, cache, logits
+
+    tokens = jnp.pad(tokens, ((0, 0), (0, -tokens.shape[1] % chunk)))  # every slice in bounds
+    _, cache, logits = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(num), write_chunk,
+                                          (jnp.int32(0), cache, logits))
+    return cache, logits
+
+
+# ----------------------------------------------------------------------------- shared prefixes
+
+
+class PrefixStore(NamedTuple):
+    """Keys and values of P token prefixes, and the next-token logits after each."""
+
+    cache: KVCache  # P rows of max_len = the padded prefix width
+    logits: jax.Array  # float32[P, V]
+
+
+def prefix_store_shape(prefix_lengths, buckets) -> tuple[int, int]:
+    """(rows, width) of the store holding prefixes of these lengths: rows padded to a power of two
+    (padding rows cost no compute) and width the smallest injection bucket that fits the longest,
+    so batches whose prompts differ a little share one compilation. (0, 0) without prefixes."""
+    if not prefix_lengths:
+        return 0, 0
+    longest = max(prefix_lengths)
+    width = next((b for b in sorted(buckets) if b >= longest), longest)
+    return 1 << (len(prefix_lengths) - 1).bit_length(), width
+
+
+def build_prefix_store(model, tokens, lengths, buckets) -> PrefixStore:
+    """Computes the store from tokens [P, W] (row p's prefix is tokens[p, :lengths[p]]), one row
+    at a time, by the same bucketed extends as an injection."""
+    rows, width = tokens.shape
+    cache = init_cache(model.config, rows, width)
+    logits = jnp.zeros((rows, model.config.vocab_size), jnp.float32)
+    buckets = tuple(b for b in buckets if b < width) + (width,)
+    cache, logits = inject(model, cache, logits, tokens, lengths, buckets, lanes=1)
+    return PrefixStore(cache, logits)
+
+
+def copy_prefixes(cache: KVCache, logits, store: PrefixStore, prefix):
+    """Starts every slot b with prefix[b] >= 0 from store row prefix[b]: its keys and values
+    (positions past the prefix's length are masked by the slot's length and overwritten by later
+    writes), its length and its next-token logits. One in-place row update per started slot."""
+
+    def copy_one(carry):
+        cache, logits, pending = carry
+        slot = jnp.argmax(pending)
+        row = prefix[slot]
+        keys = tuple(jax.lax.dynamic_update_slice(k, s[row][None], (slot, 0, 0, 0))
+                     for k, s in zip(cache.k, store.cache.k))
+        values = tuple(jax.lax.dynamic_update_slice(v, s[row][None], (slot, 0, 0, 0))
+                       for v, s in zip(cache.v, store.cache.v))
+        lengths = cache.lengths.at[slot].set(store.cache.lengths[row])
+        return (KVCache(keys, values, lengths), logits.at[slot].set(store.logits[row]),
+                pending.at[slot].set(False))
+
+    cache, logits, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2]), copy_one,
+                                          (cache, logits, prefix >= 0))
+    return cache, logits
