@@ -455,6 +455,10 @@ def _consistency_problems(cfg, num_devices: int | None, check_files: bool) -> li
         if ro[name] > ro.max_context:
             problems.append(f"rollout.{name} = {ro[name]}: exceeds rollout.max_context = "
                             f"{ro.max_context}")
+    if ro.final_summary_max_tokens > ro.max_new_tokens_per_turn:
+        problems.append(f"rollout.final_summary_max_tokens = {ro.final_summary_max_tokens}: "
+                        f"exceeds rollout.max_new_tokens_per_turn = "
+                        f"{ro.max_new_tokens_per_turn} (the sampler's per-turn buffer)")
     if cfg.rl.pack_len < ro.max_context:
         problems.append(f"rl.pack_len = {cfg.rl.pack_len}: must be >= rollout.max_context = "
                         f"{ro.max_context} so every rollout fits in one packed row")

@@ -87,13 +87,16 @@ class SlotInjection:
     # int32[B] or None: a reset slot starts from run_slots' prefixes[prefix[b]] (its cached keys
     # and values) and `tokens` are appended after it; -1 = no prefix.
     prefix: np.ndarray | None = None
+    # int32[B] or None: the token cap of the turn a slot starts after this injection (one that
+    # receives tokens or stopped); 0 = max_turn, the default. E.g. a shorter final-summary turn.
+    turn_cap: np.ndarray | None = None
 
     @classmethod
     def nothing(cls, slots: int, width: int = 1) -> "SlotInjection":
         """An injection that writes nothing and leaves every slot idle; hosts fill it in place."""
         return cls(tokens=np.zeros((slots, width), np.int32), num=np.zeros(slots, np.int32),
                    reset=np.zeros(slots, bool), active=np.zeros(slots, bool), done=False,
-                   prefix=np.full(slots, -1, np.int32))
+                   prefix=np.full(slots, -1, np.int32), turn_cap=np.zeros(slots, np.int32))
 
 
 class SlotHost(Protocol):
@@ -155,8 +158,9 @@ def _stop_table(stop_ids: Mapping[int, int] | Sequence[int]) -> tuple[tuple[int,
 class _HostSession:
     """A live run_slots call: its host, shapes for validation, and the first host error."""
 
-    def __init__(self, host: SlotHost, slots: int, max_len: int, prefix_lengths=()):
-        self.host, self.slots, self.max_len = host, slots, max_len
+    def __init__(self, host: SlotHost, slots: int, max_len: int, max_turn: int,
+                 prefix_lengths=()):
+        self.host, self.slots, self.max_len, self.max_turn = host, slots, max_len, max_turn
         self.prefix_lengths = np.asarray(prefix_lengths, np.int32)
         self.error: BaseException | None = None
 
@@ -183,7 +187,7 @@ def _call_host(session_id, stopped, stop_reason, turn_tokens, turn_logprobs, tur
             session.error = error
     finish = SlotInjection.nothing(session.slots, session.max_len)
     return (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
-            np.bool_(True))
+            finish.turn_cap, np.bool_(True))
 
 
 def _check_injection(injection, events: SlotEvents, session: _HostSession):
@@ -215,6 +219,11 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
     for slot in np.flatnonzero((prefix >= 0) & ~reset)[:1]:
         raise SlotProtocolError(f"SlotInjection.prefix[{slot}] is set but reset[{slot}] is not: "
                                 "only a new sequence can start from a prefix")
+    turn_cap = (np.zeros(slots, np.int32) if injection.turn_cap is None
+                else field("turn_cap", np.int32, (slots,)))
+    for slot in np.flatnonzero((turn_cap < 0) | (turn_cap > session.max_turn))[:1]:
+        raise SlotProtocolError(f"SlotInjection.turn_cap[{slot}]={turn_cap[slot]} is outside "
+                                f"[0, {session.max_turn}] (0 = max_turn)")
     start = np.where(reset, 0, events.cache_len)
     if known:
         start = np.where(prefix >= 0, session.prefix_lengths[np.maximum(prefix, 0)], start)
@@ -227,7 +236,7 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
             f"{start[slot]} tokens and the cache has max_len={max_len}")
     for slot in np.flatnonzero(active & (start + num == 0))[:1]:
         raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
-    return padded, num, reset, active, prefix, np.bool_(injection.done)
+    return padded, num, reset, active, prefix, turn_cap, np.bool_(injection.done)
 
 
 # ----------------------------------------------------------------------------- the jitted loop
@@ -242,6 +251,7 @@ class _LoopState(NamedTuple):
     turn_tokens: jax.Array  # int32[B, max_turn]
     turn_logprobs: jax.Array  # float32[B, max_turn]
     turn_len: jax.Array  # int32[B]
+    turn_cap: jax.Array  # int32[B]: tokens the current turn may sample (<= max_turn)
     decode_steps: jax.Array  # int32 scalar, also the RNG step
     host_calls: jax.Array  # int32 scalar
     sampled_tokens: jax.Array  # int32 scalar
@@ -273,7 +283,7 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
     logits = jnp.where(sampling_rows[:, None], new_logits, s.logits)
 
     reason = jnp.where(sampling_rows, _stop_reasons(tokens, stop_table), STOP_NONE)
-    reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (turn_len >= max_turn),
+    reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (turn_len >= s.turn_cap),
                        STOP_TURN_CAP, reason)
     reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (cache.lengths >= max_len),
                        STOP_CACHE_FULL, reason)
@@ -296,8 +306,9 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((), jnp.bool_))
-    tokens, num, reset, active, prefix, done = io_callback(
+    tokens, num, reset, active, prefix, turn_cap, done = io_callback(
         _call_host, result_shapes, session_id, s.stopped, s.stop_reason, s.turn_tokens,
         s.turn_logprobs, s.turn_len, s.cache.lengths, ordered=True)
     cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
@@ -308,7 +319,9 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
     cache, logits = inject(model, cache, logits, tokens, num, buckets, lanes)
     # A new turn starts for slots that stopped or received tokens.
     new_turn = s.stopped | reset | (num > 0)
-    return s._replace(
+    max_turn = s.turn_tokens.shape[1]
+    turn_cap = jnp.where(new_turn, jnp.where(turn_cap > 0, turn_cap, max_turn), s.turn_cap)
+    return s._replace(turn_cap=turn_cap,
         cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
         stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
         host_calls=s.host_calls + 1, done=done)
@@ -330,6 +343,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
         turn_tokens=jnp.zeros((slots, max_turn), jnp.int32),
         turn_logprobs=jnp.zeros((slots, max_turn), jnp.float32),
         turn_len=jnp.zeros((slots,), jnp.int32),
+        turn_cap=jnp.full((slots,), max_turn, jnp.int32),
         decode_steps=jnp.int32(0), host_calls=jnp.int32(0), sampled_tokens=jnp.int32(0),
         done=jnp.bool_(False))
 
@@ -378,7 +392,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len)
-    session = _HostSession(host, slots, max_len, [len(p) for p in prefixes])
+    session = _HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes])
     with _SESSIONS_LOCK:
         session_id = next(_SESSION_IDS)
         _SESSIONS[session_id] = session
@@ -405,7 +419,7 @@ def _prefix_arrays(prefixes: Sequence[Sequence[int]], buckets: Sequence[int], ma
         if not 0 < length <= max_len:
             raise SlotProtocolError(f"prefixes[{index}] has {length} tokens; a prefix needs 1 to "
                                     f"max_len={max_len}")
-    rows, width = prefix_store_shape(lengths, buckets)
+    rows, width = prefix_store_shape(lengths, buckets, max_len)
     tokens = np.zeros((rows, max(width, 1)), np.int32)
     for index, prefix in enumerate(prefixes):
         tokens[index, :len(prefix)] = prefix

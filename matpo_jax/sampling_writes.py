@@ -101,15 +101,16 @@ class PrefixStore(NamedTuple):
     logits: jax.Array  # float32[P, V]
 
 
-def prefix_store_shape(prefix_lengths, buckets) -> tuple[int, int]:
+def prefix_store_shape(prefix_lengths, buckets, max_len: int) -> tuple[int, int]:
     """(rows, width) of the store holding prefixes of these lengths: rows padded to a power of two
-    (padding rows cost no compute) and width the smallest injection bucket that fits the longest,
-    so batches whose prompts differ a little share one compilation. (0, 0) without prefixes."""
+    (padding rows cost no compute) and width the smallest injection bucket that fits the longest
+    (past the last bucket: a multiple of it, at most max_len), so batches whose prompts differ a
+    little share one compilation. (0, 0) without prefixes."""
     if not prefix_lengths:
         return 0, 0
-    longest = max(prefix_lengths)
-    width = next((b for b in sorted(buckets) if b >= longest), longest)
-    return 1 << (len(prefix_lengths) - 1).bit_length(), width
+    longest, buckets = max(prefix_lengths), sorted(buckets)
+    width = next((b for b in buckets if b >= longest), -(-longest // buckets[-1]) * buckets[-1])
+    return 1 << (len(prefix_lengths) - 1).bit_length(), min(width, max_len)
 
 
 def build_prefix_store(model, tokens, lengths, buckets) -> PrefixStore:

@@ -16,6 +16,7 @@ import os
 
 from matpo_jax.agents import prompts
 from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
+from matpo_jax.config import ConfigError
 from matpo_jax.data import synthetic_multihop, synthetic_world
 from matpo_jax.data.oracle import LocalCorpusTools, Oracle
 from matpo_jax.tokenizer import ChatFormat
@@ -91,8 +92,21 @@ def _exclusive(data_dir: str):
 
 def prepare_world(cfg, data_dir: str) -> WorldAssets:
     """Builds (or reuses) the dataset, corpus and tokenizer of the configured world."""
+    _check_dataset_names(cfg)
     with _exclusive(data_dir):
         return _prepare_world(cfg, data_dir)
+
+
+def _check_dataset_names(cfg) -> None:
+    """The config schema lists the paper's datasets, but only the synthetic world has a builder
+    yet: fail before any work rather than train or evaluate on the wrong data."""
+    problems = [f"{field} = {name!r}: only 'synthetic_multihop' has a dataset builder in this "
+                f"release (the {name} builder, from files in data.manual_dir, is not written yet)"
+                for field, names in (("data.name", [cfg.data.name]),
+                                     ("eval.datasets", list(cfg.eval.datasets)))
+                for name in names if name != "synthetic_multihop"]
+    if problems:
+        raise ConfigError(problems)
 
 
 def _prepare_world(cfg, data_dir: str) -> WorldAssets:

@@ -68,6 +68,7 @@ class RolloutConfig:
     report_max_chars: int = 2000  # worker report cap (characters) as the planner reads it
     tool_response_max_chars: int = 4000  # search/open output cap (characters)
     final_summary: bool = True  # off: the worker's last answer text is its report (ablation)
+    final_summary_max_tokens: int | None = None  # the summary turn's cap (None: max_new_tokens)
     user_query_recap: bool = True  # off: the worker's user message is the subtask alone (ablation)
     malformed_tool_call: str = "error_message"  # | "end_rollout" (the reference release)
     slots: int = 8  # B: rows of the shared decode batch
@@ -107,9 +108,20 @@ class RolloutConfig:
                 not isinstance(self.injection_lanes, int) or self.injection_lanes <= 0):
             raise RolloutConfigError(f"injection_lanes must be a positive integer or None, got "
                                      f"{self.injection_lanes!r}")
+        if self.final_summary_max_tokens is not None and not (
+                isinstance(self.final_summary_max_tokens, int)
+                and 0 < self.final_summary_max_tokens <= self.max_new_tokens):
+            raise RolloutConfigError(f"final_summary_max_tokens must be an integer in [1, "
+                                     f"max_new_tokens={self.max_new_tokens}] or None, got "
+                                     f"{self.final_summary_max_tokens!r}")
         if self.max_new_tokens >= self.max_context:
             raise RolloutConfigError(f"max_new_tokens ({self.max_new_tokens}) must be smaller "
                                      f"than max_context ({self.max_context})")
+
+    @property
+    def summary_tokens(self) -> int:
+        """Tokens a worker's final-summary turn may sample."""
+        return self.final_summary_max_tokens or self.max_new_tokens
 
     @property
     def sampling(self) -> sampling.Sampling:
@@ -198,7 +210,8 @@ def _buckets(cfg: RolloutConfig) -> list[int]:
 def _prefix_store_positions(prefixes: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
     """Token positions computed once per batch for the shared prefixes: one extend per prefix,
     of the store's width."""
-    _, width = sampling.prefix_store_shape([len(p) for p in prefixes], _buckets(cfg))
+    _, width = sampling.prefix_store_shape([len(p) for p in prefixes], _buckets(cfg),
+                                           cfg.max_context)
     return len(prefixes) * width
 
 
@@ -276,8 +289,8 @@ class _Engine:
         parent.child_ids.append(record.rollout_id)
         planner.response_of_worker[record.rollout_id] = response_index
         budget = cfg.max_context
-        if cfg.final_summary:  # keep room for the summary instruction and one more turn
-            budget -= len(self._summary_ids) + cfg.max_new_tokens
+        if cfg.final_summary:  # keep room for the summary instruction and the summary turn
+            budget -= len(self._summary_ids) + cfg.summary_tokens
         agent = _Agent(record, [tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA], planner.question,
                        cfg.max_turns_worker, budget)
         message = (prompts.worker_recap(planner.question, subtask) if cfg.user_query_recap
@@ -412,8 +425,10 @@ class _Engine:
 
     # ----------------------------------------------------------------------- turn transitions
     def _fits(self, agent: _Agent, inject_len: int) -> bool:
-        budget = self.cfg.max_context if agent.in_summary else agent.budget
-        return len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens <= budget
+        if agent.in_summary:
+            return len(agent.record.tokens) + inject_len + self.cfg.summary_tokens <= (
+                self.cfg.max_context)
+        return len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens <= agent.budget
 
     def _continue(self, agent: _Agent, ids: list[int]) -> Decision:
         """Appends a non-trainable block in place and lets the agent take another turn."""
@@ -432,7 +447,7 @@ class _Engine:
             agent.in_summary = True
             if self._fits(agent, len(ids)):
                 record.append(ids, trainable=False)
-                return Continue(ids)
+                return Continue(ids, turn_cap=self.cfg.summary_tokens)
         return self._finish(agent, reason)
 
     def _finish(self, agent: _Agent, reason: str) -> Decision:

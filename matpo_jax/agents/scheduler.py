@@ -44,9 +44,11 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class Continue:
-    """Append `tokens` (non-trainable) to the sequence in its slot, then decode on."""
+    """Append `tokens` (non-trainable) to the sequence in its slot, then decode on, for at most
+    `turn_cap` tokens (0: the loop's per-turn cap)."""
 
     tokens: list[int]
+    turn_cap: int = 0
 
 
 class _Signal:
@@ -156,6 +158,7 @@ class SlotScheduler:
         writes: dict[int, list[int]] = {}  # slot -> tokens to append
         reset = np.zeros(self.num_slots, bool)
         prefix = np.full(self.num_slots, -1, np.int32)
+        turn_cap = np.zeros(self.num_slots, np.int32)
         turns = self._collect_turns(events)
         decisions = self.on_turns([turn for _, turn in turns]) if turns else {}
         for index, turn in turns:
@@ -168,6 +171,7 @@ class SlotScheduler:
                 slot.parked_at = self.stats.host_calls
             else:
                 writes[index] = list(decision.tokens)
+                turn_cap[index] = decision.turn_cap
                 self.stats.injected_tokens += len(decision.tokens)
         for index, tokens, fresh in self._place_waiting():
             reset[index] = fresh
@@ -182,7 +186,9 @@ class SlotScheduler:
                 self.stats.resumed_in_place += 1
                 self.stats.injected_tokens += len(tokens)
             writes[index] = tokens
-        return self._injection(writes, reset, prefix)
+        injection = self._injection(writes, reset, prefix)
+        injection.turn_cap = turn_cap
+        return injection
 
     def _prefix_of(self, context: list[int]) -> tuple[int, int]:
         """(index of the longest registered prefix the context starts with, its length), or

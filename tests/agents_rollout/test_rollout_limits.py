@@ -54,6 +54,22 @@ def test_worker_max_turns_then_final_summary(policy, rollout):
     block_at(planner.tokens, policy.chat.tool_response_ids([worker.report]))
 
 
+def test_final_summary_turn_has_its_own_cap(policy, rollout):
+    batch = rollout([ADA.question], final_summary_max_tokens=2)
+    assert_well_formed(batch)
+    worker = batch.by_role(WORKER)[0]
+    tool_loop = rollout([ADA.question]).by_role(WORKER)[0]
+    # The tool loop is unchanged; its summary turn is cut after 2 tokens.
+    assert worker.assistant_texts[:-1] == tool_loop.assistant_texts[:-1]
+    instruction = policy.chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION)
+    after = max(i for i in range(len(worker.tokens))
+                if worker.tokens[i:i + len(instruction)] == instruction) + len(instruction)
+    assert worker.trainable[after:] == [True, True] and len(worker.tokens) == after + 2
+    assert policy.chat.decode(worker.tokens[after:]) == worker.assistant_texts[-1]
+    assert worker.finish_reason == tool_loop.finish_reason == "answer"
+    assert worker.report == prompts.clean_report(worker.assistant_texts[-1], REPORT_MAX_CHARS)
+
+
 def test_planner_max_turns(rollout):
     batch = rollout([ADA.question], max_turns_planner=1)
     assert_well_formed(batch)

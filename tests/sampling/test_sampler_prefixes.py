@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from matpo_jax.sampling import SlotInjection, SlotProtocolError, run_slots
+from matpo_jax.sampling import SlotInjection, SlotProtocolError, prefix_store_shape, run_slots
 
 SYSTEM = [50, 51, 52, 53, 54, 55, 56, 57, 58]  # a "system prompt" every sequence starts with
 QUESTION = SYSTEM + [60, 61, 62, 63]  # a longer one some sequences share (a GRPO group's prompt)
@@ -105,3 +105,12 @@ def test_prefix_plus_injection_past_the_cache_is_rejected(one_call, shapes):
 def test_empty_prefix_is_rejected(one_call):
     with pytest.raises(SlotProtocolError, match=r"prefixes\[1\] has 0 tokens"):
         one_call(lambda injection: None, prefixes=(SYSTEM, []))
+
+
+def test_prefix_store_shape_buckets_rows_and_width():
+    # Rows: a power of two; width: the smallest bucket that fits, else a multiple of the last.
+    assert prefix_store_shape([], (16, 64), 256) == (0, 0)
+    assert prefix_store_shape([9, 13, 5], (16, 64), 256) == (4, 16)
+    assert prefix_store_shape([9, 17], (16, 64), 256) == (2, 64)
+    assert prefix_store_shape([130], (16, 64), 256) == (1, 192)
+    assert prefix_store_shape([250], (16, 64, 100), 256) == (1, 256)  # capped at max_len

@@ -147,3 +147,35 @@ def test_step_cap_ends_a_loop_the_host_never_finishes(run):
         return injection
     stats = run(_ListHost(_load([1, 2, 3]), *[keep_going] * 100), max_steps=5)
     assert stats.hit_limit and stats.decode_steps == 5 and stats.sampled_tokens == 5
+
+
+def test_turn_cap_shortens_one_turn(run, shapes):
+    def load_capped(events):
+        injection = _load([1, 2, 3])(events)
+        injection.turn_cap[0] = 3
+        return injection
+
+    def continue_uncapped(events):
+        injection = _idle(events, 2)
+        injection.tokens[0], injection.num[0], injection.active[0] = [4, 5], 2, True
+        return injection
+
+    def finish(events):
+        injection = _idle(events)
+        injection.done = True
+        return injection
+
+    host = _ListHost(load_capped, continue_uncapped, finish)
+    run(host)
+    first, second = host.events[1], host.events[2]
+    assert first.turn_len[0] == 3 and first.stop_reason[0] == STOP_TURN_CAP
+    assert second.turn_len[0] == shapes.max_turn and second.stop_reason[0] == STOP_TURN_CAP
+
+
+def test_turn_cap_past_the_turn_buffer_is_rejected(run, shapes):
+    def overlong(events):
+        injection = _load([1, 2, 3])(events)
+        injection.turn_cap[0] = shapes.max_turn + 1
+        return injection
+    with pytest.raises(SlotProtocolError, match=r"turn_cap\[0\]=9 is outside \[0, 8\]"):
+        run(_ListHost(overlong))

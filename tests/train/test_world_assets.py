@@ -26,3 +26,18 @@ def test_concurrent_runs_share_one_world(tmp_path):
     assert last_lines[0] == last_lines[1]  # the same tokenizer directory and size
     assert not [n for n in os.listdir(tmp_path / "synthetic_multihop" / os.listdir(
         tmp_path / "synthetic_multihop")[0]) if n.startswith("incomplete")]
+
+
+def test_datasets_without_a_builder_are_refused_before_any_work(tmp_path):
+    import pytest
+    from matpo_jax.config import ConfigError, apply_overrides, load_config_file
+    from matpo_jax.world_assets import prepare_world
+    cfg = load_config_file(os.path.join(REPO, "configs", "qwen3_4b_musique.py"))
+    with pytest.raises(ConfigError) as error:
+        prepare_world(cfg, str(tmp_path))
+    assert "data.name = 'musique': only 'synthetic_multihop'" in str(error.value)
+    cfg = apply_overrides(load_config_file(os.path.join(REPO, "configs", "synthetic_tiny.py")),
+                          {"eval.datasets": ("synthetic_multihop", "frames")})
+    with pytest.raises(ConfigError, match=r"eval.datasets = 'frames'"):
+        prepare_world(cfg, str(tmp_path))
+    assert not os.listdir(tmp_path)
