@@ -41,6 +41,7 @@ def get_config(arg=None):
     c.rollout.final_summary = True
     c.rollout.final_summary_max_tokens = 4096
     c.rollout.user_query_recap = True
+    c.rollout.async_tools = True  # web search and page reads take ~1 s: decode on meanwhile
 
     c.tools.search_backend = "serper"
     c.tools.search_url = "https://google.serper.dev/search"

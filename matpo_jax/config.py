@@ -128,9 +128,13 @@ def base_config() -> ml_collections.ConfigDict:
     # Compute each role's system turn (and each question's prompt, shared by its G samples) once
     # per rollout batch and start the slots that hold it from that cache. Off: prefill in full.
     c.rollout.reuse_prefixes = True
+    # Tool calls run in the background while the batch decodes on (their agents give up their
+    # slots until the results are back). For remote tools with real latency; with the local
+    # search server (~1 ms a call) waiting is cheaper than the extra re-admissions.
+    c.rollout.async_tools = False
     c.rollout.report_max_chars = 1000  # worker report handed to the planner is cut here
     c.rollout.final_summary = True  # give a stopped worker one no-tools turn to write its report
-    c.rollout.final_summary_max_tokens = 256
+    c.rollout.final_summary_max_tokens = 256  # at most max_new_tokens_per_turn (the turn buffer)
     c.rollout.user_query_recap = True  # the worker also sees the planner's question
     c.rollout.malformed_tool_call = "error_message"  # or end_rollout (the reference behaviour)
 
@@ -455,10 +459,6 @@ def _consistency_problems(cfg, num_devices: int | None, check_files: bool) -> li
         if ro[name] > ro.max_context:
             problems.append(f"rollout.{name} = {ro[name]}: exceeds rollout.max_context = "
                             f"{ro.max_context}")
-    if ro.final_summary_max_tokens > ro.max_new_tokens_per_turn:
-        problems.append(f"rollout.final_summary_max_tokens = {ro.final_summary_max_tokens}: "
-                        f"exceeds rollout.max_new_tokens_per_turn = "
-                        f"{ro.max_new_tokens_per_turn} (the sampler's per-turn buffer)")
     if cfg.rl.pack_len < ro.max_context:
         problems.append(f"rl.pack_len = {cfg.rl.pack_len}: must be >= rollout.max_context = "
                         f"{ro.max_context} so every rollout fits in one packed row")

@@ -103,11 +103,12 @@ def rollout_config(cfg, *, evaluation: bool = False) -> rollout_lib.RolloutConfi
         report_max_chars=int(r.report_max_chars),
         tool_response_max_chars=int(cfg.tools.max_response_chars),
         final_summary=bool(r.final_summary),
-        final_summary_max_tokens=int(r.final_summary_max_tokens),
+        final_summary_max_tokens=min(int(r.final_summary_max_tokens),
+                                     int(r.max_new_tokens_per_turn)),
         user_query_recap=bool(r.user_query_recap),
         malformed_tool_call=r.malformed_tool_call, slots=int(r.decode_slots),
         temperature=temperature, top_p=float(r.top_p), top_k=int(r.top_k),
-        reuse_prefixes=bool(r.reuse_prefixes))
+        reuse_prefixes=bool(r.reuse_prefixes), async_tools=bool(r.async_tools))
 
 
 def rng_for(seed: int, *path: int) -> jax.Array:

@@ -87,6 +87,10 @@ class RolloutConfig:
     # and start every slot that holds it from that cache, instead of prefilling it per sequence.
     reuse_prefixes: bool = True
     tool_threads: int = 16  # concurrent tool calls per host call
+    # False: a host call runs the tool calls of the turns that just ended and waits for them (the
+    # whole decode batch waits). True: they run in the background; each agent gives up its slot
+    # until its results are back, and the batch decodes on. For remote tools with real latency.
+    async_tools: bool = False
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -253,7 +257,10 @@ class _Engine:
         self.chat, self.toolbox, self.cfg, self.pool = chat, toolbox, cfg, pool
         self.agents: dict[int, _Agent] = {}
         self.scheduler = SlotScheduler(cfg.slots, cfg.max_context, self.on_turns,
-                                       mix_roles=cfg.mix_roles, group_order=(PLANNER, WORKER))
+                                       mix_roles=cfg.mix_roles, group_order=(PLANNER, WORKER),
+                                       on_idle=self._wait_for_tools if cfg.async_tools else None)
+        # async_tools: agent id -> (its calls, the futures running them)
+        self._in_flight: dict[int, tuple[list[_Call], list[concurrent.futures.Future]]] = {}
         self.counters = collections.Counter(worker_calls_over_limit=0, errors=0)
         self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
 
@@ -313,20 +320,57 @@ class _Engine:
 
     # ----------------------------------------------------------------------- the host callback
     def on_turns(self, turns: Sequence[Turn]) -> dict[int, Decision]:
-        """Reads every stopped agent's turn, runs all their tool calls at once, answers each."""
+        """Reads every stopped agent's turn, runs all their tool calls at once, answers each.
+        With async_tools, the calls run in the background and their agents park instead; agents
+        whose calls have come back since the last host call are queued to decode on."""
+        if self.cfg.async_tools:
+            self._requeue_finished_tools()
         plans: dict[int, list[_Call] | Decision] = {}
         for turn in turns:
             agent = self.agents[turn.seq_id]
             plans[turn.seq_id] = self._guard(agent, self._read_turn, agent, turn)
-        self._run_tools([call for plan in plans.values() if isinstance(plan, list)
-                         for call in plan])
-        decisions = {}
+        decisions: dict[int, Decision] = {}
+        if self.cfg.async_tools:
+            for seq_id, plan in plans.items():
+                jobs = _tool_jobs(plan) if isinstance(plan, list) else []
+                if jobs:
+                    self._in_flight[seq_id] = (plan, [self.pool.submit(self._run_tool, c)
+                                                      for c in jobs])
+                    decisions[seq_id] = PARK
+        else:
+            self._run_tools([call for plan in plans.values() if isinstance(plan, list)
+                             for call in plan])
         for seq_id, plan in plans.items():
+            if seq_id in decisions:
+                continue
             agent = self.agents[seq_id]
             if isinstance(plan, list):
                 plan = self._guard(agent, self._answer_calls, agent, plan)
             decisions[seq_id] = plan
         return decisions
+
+    def _requeue_finished_tools(self) -> None:
+        """Answers every parked agent whose tool calls are all back, and queues it to decode on
+        (in its slot, if nobody took it meanwhile)."""
+        for seq_id, (calls, futures) in list(self._in_flight.items()):
+            if not all(f.done() for f in futures):
+                continue
+            del self._in_flight[seq_id]
+            agent = self.agents[seq_id]
+            decision = self._guard(agent, self._answer_calls, agent, calls)
+            if isinstance(decision, Continue):  # else the rollout ended: its slot is reclaimed
+                self.scheduler.admit(seq_id, agent.record.tokens, group=agent.record.role,
+                                     priority=_priority(agent.record.role, resumed=True),
+                                     turn_cap=decision.turn_cap)
+
+    def _wait_for_tools(self) -> bool:
+        """No slot has anything to decode: blocks until some tool call is back (async_tools)."""
+        if not self._in_flight:
+            return False
+        concurrent.futures.wait([f for _, futures in self._in_flight.values() for f in futures],
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+        self._requeue_finished_tools()
+        return True
 
     def _guard(self, agent: _Agent, method, *args):
         """Runs one agent's step; a failure ends that rollout ("error"), not the whole batch."""
@@ -384,8 +428,7 @@ class _Engine:
 
     def _run_tools(self, calls: list[_Call]) -> None:
         """Runs every pending search/open call of this host call concurrently."""
-        jobs = [c for c in calls if c.response is None and c.call.name != "subagent"]
-        futures = [self.pool.submit(self._run_tool, c) for c in jobs]
+        futures = [self.pool.submit(self._run_tool, c) for c in _tool_jobs(calls)]
         for future in futures:
             future.result()
 
@@ -489,6 +532,11 @@ def _priority(role: str, resumed: bool = False) -> int:
     if resumed:
         return 0
     return 1 if role == WORKER else 2
+
+
+def _tool_jobs(calls: Sequence[_Call]) -> list[_Call]:
+    """The calls a tool must answer (search/open), not yet answered (malformed: by an error)."""
+    return [c for c in calls if c.response is None and c.call.name != "subagent"]
 
 
 def _split_tool_calls(text: str) -> list[str]:

@@ -87,6 +87,7 @@ class _Waiting:
     seq_id: int = dataclasses.field(compare=False)
     context: list[int] = dataclasses.field(compare=False)
     group: Hashable = dataclasses.field(compare=False)
+    turn_cap: int = dataclasses.field(default=0, compare=False)
 
 
 @dataclasses.dataclass
@@ -105,8 +106,13 @@ class SlotScheduler:
     """Implements the `sampling.SlotHost` protocol over an agent-agnostic turn handler."""
 
     def __init__(self, num_slots: int, injection_len: int, on_turns: TurnHandler, *,
-                 mix_roles: bool = True, group_order: Sequence[Hashable] = ()):
+                 mix_roles: bool = True, group_order: Sequence[Hashable] = (),
+                 on_idle: Callable[[], bool] | None = None):
         self.num_slots = num_slots
+        # Called when no slot would decode and nobody waits: blocks until the owner has queued
+        # more work (e.g. a slow tool call came back) and returns True, or returns False if it
+        # has nothing pending (then the loop ends).
+        self.on_idle = on_idle
         self.prefixes: list[list[int]] = []  # run_slots(prefixes=...) must get this very list
         self._prefix_order: list[int] = []  # longest first: the longest match wins
         self.injection_len = injection_len
@@ -121,15 +127,16 @@ class SlotScheduler:
 
     # -- queue -------------------------------------------------------------------------------
     def admit(self, seq_id: int, context: Sequence[int], group: Hashable = None,
-              priority: int = 0) -> None:
-        """Queues a sequence to decode on from `context` (its whole token list)."""
+              priority: int = 0, turn_cap: int = 0) -> None:
+        """Queues a sequence to decode on from `context` (its whole token list), for a turn of
+        at most `turn_cap` tokens (0: the loop's per-turn cap)."""
         if len(context) > self.injection_len:
             raise ValueError(f"sequence {seq_id}: context of {len(context)} tokens exceeds the "
                              f"injection buffer ({self.injection_len})")
         if group not in self.group_order:
             self.group_order.append(group)
         heapq.heappush(self._waiting, _Waiting(priority, next(self._arrivals), seq_id,
-                                               list(context), group))
+                                               list(context), group, turn_cap))
 
     def register_prefix(self, tokens: Sequence[int]) -> None:
         """Declares a token prefix that admitted contexts may start with (before the loop runs)."""
@@ -160,7 +167,9 @@ class SlotScheduler:
         prefix = np.full(self.num_slots, -1, np.int32)
         turn_cap = np.zeros(self.num_slots, np.int32)
         turns = self._collect_turns(events)
-        decisions = self.on_turns([turn for _, turn in turns]) if turns else {}
+        # Called on every host call, even with no turns: an owner with work in flight (tool
+        # calls) queues what has come back.
+        decisions = self.on_turns([turn for _, turn in turns])
         for index, turn in turns:
             decision = decisions.get(turn.seq_id, RELEASE)
             slot = self.slots[index]
@@ -173,8 +182,12 @@ class SlotScheduler:
                 writes[index] = list(decision.tokens)
                 turn_cap[index] = decision.turn_cap
                 self.stats.injected_tokens += len(decision.tokens)
-        for index, tokens, fresh in self._place_waiting():
+        placed = self._place_waiting()
+        while not self.num_active and self.on_idle is not None and self.on_idle():
+            placed += self._place_waiting()
+        for index, tokens, fresh, cap in placed:
             reset[index] = fresh
+            turn_cap[index] = cap
             if fresh:
                 prefix[index], skipped = self._prefix_of(tokens)
                 tokens = tokens[skipped:]
@@ -213,10 +226,10 @@ class SlotScheduler:
                 cache_len=int(events.cache_len[index]))))
         return turns
 
-    def _place_waiting(self) -> list[tuple[int, list[int], bool]]:
+    def _place_waiting(self) -> list[tuple[int, list[int], bool, int]]:
         """Gives waiting sequences somewhere to decode: in place if still parked in a slot, else
         a free slot, else the slot of the longest-parked sequence that is not itself waiting.
-        Returns (slot, tokens to write, whether the slot is reset first)."""
+        Returns (slot, tokens to write, whether the slot is reset first, turn cap)."""
         if not self.mix_roles:
             self._advance_phase()
         parked_in = {s.seq_id: i for i, s in enumerate(self.slots) if s.parked}
@@ -230,14 +243,14 @@ class SlotScheduler:
             if index is not None:  # its cache is still there: write only what is new
                 slot = self.slots[index]
                 slot.parked = False
-                placed.append((index, entry.context[slot.cached:], False))
+                placed.append((index, entry.context[slot.cached:], False, entry.turn_cap))
                 continue
             index = self._free_slot(waiting={e.seq_id for e in self._waiting})
             if index is None:
                 deferred.append(entry)
                 break
             self.slots[index] = _Slot(seq_id=entry.seq_id)
-            placed.append((index, entry.context, True))
+            placed.append((index, entry.context, True, entry.turn_cap))
         for entry in deferred:
             heapq.heappush(self._waiting, entry)
         return placed

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import re
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -139,6 +140,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _dispatch(self, method: str):
+        if self.server.latency_s:
+            time.sleep(self.server.latency_s)
         url = urlsplit(self.path)
         routes = {
             ("POST", "/search"): self._serper_search,
@@ -256,17 +259,24 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # the default 5 drops SYNs under concurrent workers (1 s retransmit stalls)
 
-    def __init__(self, address, index: SearchIndex):
+    def __init__(self, address, index: SearchIndex, latency_s: float = 0.0):
         super().__init__(address, _Handler)
         self.index = index
+        self.latency_s = latency_s
 
 
 class SearchServer:
     """The service in a background thread: `with SearchServer(path) as s: requests.post(s.url + ...)`."""
 
-    def __init__(self, corpus_path, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(self, corpus_path, port: int = 0, host: str = "127.0.0.1",
+                 latency_s: float = 0.0):
+        """latency_s: every request waits this long before it is answered, to stand in for a
+        remote search API (benchmarks of rollouts whose tools are slow)."""
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
         self.index = SearchIndex(load_corpus(corpus_path))
-        self._server = _Server((host, port), self.index)  # port 0: the OS picks a free port
+        # port 0: the OS picks a free port
+        self._server = _Server((host, port), self.index, latency_s)
         self.host, self.port = self._server.server_address[:2]
         self.url = f"http://{self.host}:{self.port}"
         self._thread: threading.Thread | None = None
@@ -300,8 +310,10 @@ def main(argv=None) -> None:
     parser.add_argument("--corpus", required=True, help="JSONL file of {id, title, contents}")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds every request waits before its answer (emulates a remote API)")
     args = parser.parse_args(argv)
-    server = SearchServer(args.corpus, port=args.port, host=args.host)
+    server = SearchServer(args.corpus, port=args.port, host=args.host, latency_s=args.latency)
     print(f"serving {len(server.index.docs)} documents at {server.url}", flush=True)
     try:
         server._server.serve_forever()

@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -145,3 +146,12 @@ def test_command_line_entry_point(corpus_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_latency_delays_every_answer(corpus_path):
+    with SearchServer(corpus_path, latency_s=0.3) as server:
+        started = time.perf_counter()
+        response = requests.post(server.url + "/search", json={"q": "Lovelace"}, timeout=10)
+        assert response.ok and time.perf_counter() - started >= 0.3
+    with pytest.raises(ValueError, match="latency_s must be >= 0"):
+        SearchServer(corpus_path, latency_s=-1)

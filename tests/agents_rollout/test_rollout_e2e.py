@@ -147,6 +147,20 @@ def test_prefix_reuse_changes_no_token(batch, rollout):
         np.testing.assert_allclose(reused.logprobs, full.logprobs, atol=1e-5)
 
 
+def test_async_tools_change_no_token(batch, rollout):
+    """Tool calls in the background: each waiting worker gives up its slot and comes back when
+    its result is in; the trajectories are the same (greedy), only the slot traffic differs."""
+    background = rollout([ADA.question, PAIR.question], group_size=2, async_tools=True)
+    for a, b in zip(background.rollouts, batch.rollouts):
+        assert (a.tokens, a.trainable, a.finish_reason) == (b.tokens, b.trainable, b.finish_reason)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    tool_calls = sum(len(w.tool_calls) for w in batch.by_role(WORKER))
+    # Every worker tool call parked its worker: it resumed in place or was re-admitted.
+    parked_returns = (background.metrics["resumed_in_place"] + background.metrics["prefills"]
+                      - batch.metrics["resumed_in_place"] - batch.metrics["prefills"])
+    assert parked_returns == tool_calls
+
+
 def test_single_agent_mode(policy, rollout):
     batch = rollout([TURING.question], mode="single")
     (agent,) = batch.rollouts

@@ -144,8 +144,10 @@ def test_malformed_call_can_end_the_rollout(rollout):
     assert batch.metrics["malformed_tool_calls"] == 1
 
 
-def test_search_server_down_is_an_error_text_in_context(policy, rollout, dead_toolbox):
-    batch = rollout([ADA.question], toolbox=dead_toolbox)
+@pytest.mark.parametrize("async_tools", [False, True], ids=["tools waited for", "async tools"])
+def test_search_server_down_is_an_error_text_in_context(policy, rollout, dead_toolbox,
+                                                        async_tools):
+    batch = rollout([ADA.question], toolbox=dead_toolbox, async_tools=async_tools)
     assert_well_formed(batch)
     worker = batch.by_role(WORKER)[0]
     failed = worker.tool_calls[0]

@@ -296,3 +296,9 @@ def test_rollout_settings_reach_the_rollout_engine():
         3, 0.5, 0.7)
     assert engine.reuse_prefixes is False and engine.slots == 5
     assert rollout_config(cfg, evaluation=True).group_size == 1
+    assert engine.final_summary_max_tokens == 256  # base: the whole turn
+    short = apply_overrides(cfg, "rollout.final_summary_max_tokens=40")
+    assert rollout_config(short).final_summary_max_tokens == 40
+    # Never more than the per-turn cap (the sampler's turn buffer).
+    small_turns = apply_overrides(cfg, "rollout.max_new_tokens_per_turn=24")
+    assert rollout_config(small_turns).final_summary_max_tokens == 24
