@@ -11,6 +11,11 @@ tokens to append in place, or frees the slot:
 - a worker runs its own search/open loop, then gets one no-tools final-summary turn; the cleaned,
   truncated summary is the tool response its planner receives;
 - single agents call search/open directly.
+With `async_tools`, search/open calls run in the background instead: the calling agent gives up
+its slot like a waiting planner, and is queued to decode on once its results are in (slow remote
+tools then stall only their own agents, not the batch). Every sequence starts from the cached
+keys and values of its role's system turn (and, for G > 1, of its question's prompt) when
+`reuse_prefixes` is on: those prefixes are computed once per batch.
 
 Token-in, token-out: each `Rollout.tokens` is exactly its slot's KV-cache content. Sampled ids are
 appended as trainable with the sampler's log-probs; everything the engine writes (prompts, tool

@@ -1,13 +1,14 @@
 """The slot host: which sequence sits in which decode slot, and when it gets one.
 
 The sampler's loop (`sampling.run_slots`) owns B decode slots and calls the host whenever slots
-stop. This host knows nothing about agents or tools. It hands every stopped sequence's turn to
-`on_turns`, which answers per sequence:
+stop. This host knows nothing about agents or tools. On every call it hands the stopped
+sequences' turns (maybe none) to `on_turns`, which answers per sequence:
 - `Continue(tokens)`: append these (non-trainable) tokens in place and decode on;
 - `RELEASE`: the sequence is finished and leaves its slot;
-- `PARK`: the sequence waits (a planner on its workers). It stops decoding, and its tokens are
-  kept on the host. Its slot keeps the KV cache only while nobody else needs the slot: a waiting
-  sequence with no free slot evicts a parked one. So no sequence ever waits behind a parked one.
+- `PARK`: the sequence waits (a planner on its workers, an agent on a background tool call). It
+  stops decoding, and its tokens are kept on the host. Its slot keeps the KV cache only while
+  nobody else needs the slot: a waiting sequence with no free slot evicts a parked one. So no
+  sequence ever waits behind a parked one.
 
 Waiting sequences (new ones, parked ones whose wait is over) are queued with
 `admit(seq_id, context)`, `context` being the sequence's whole token list. A parked sequence still

@@ -161,11 +161,12 @@ def test_search_server_down_is_an_error_text_in_context(policy, rollout, dead_to
     assert all(r.report for r in batch.by_role(WORKER))  # every worker still reported
 
 
-def test_sampled_rollouts_keep_every_invariant(policy, rollout):
+@pytest.mark.parametrize("async_tools", [False, True], ids=["tools waited for", "async tools"])
+def test_sampled_rollouts_keep_every_invariant(policy, rollout, async_tools):
     # Temperature 1: the policy strays from its scripts (odd calls, cut-off turns, unknown
     # contexts), and every trajectory must still be exact and every rollout end with a reason.
     batch = rollout([ADA.question, PAIR.question, MALFORMED.question], group_size=3,
-                    temperature=1.0)
+                    temperature=1.0, async_tools=async_tools)
     assert_well_formed(batch)
     assert_masks_and_logprobs(policy, batch.rollouts)
     planners = batch.by_role(PLANNER)
