@@ -35,10 +35,9 @@ import logging
 import time
 from typing import Sequence
 
-import numpy as np
-
 from matpo_jax import sampling, tokenizer
 from matpo_jax.agents import prompts, tools
+from matpo_jax.agents.rollout_metrics import rollout_metrics, slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
 
@@ -171,57 +170,10 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     metrics = rollout_metrics(rollouts, cfg)
     metrics.update(engine.counters)
-    stats = engine.scheduler.stats
-    metrics.update(
-        slot_utilisation=loop.sampled_tokens / max(1, cfg.slots * loop.decode_steps),
-        decode_steps=loop.decode_steps, host_calls=loop.host_calls,
-        sampled_tokens=loop.sampled_tokens, prefills=stats.prefills,
-        prefill_tokens=stats.prefill_tokens, injected_tokens=stats.injected_tokens,
-        resumed_in_place=stats.resumed_in_place, evictions=stats.evictions,
-        prefix_hits=stats.prefix_hits, prefix_tokens=stats.prefix_tokens,
-        extend_positions=(_extend_positions(stats.injection_lengths, cfg)
-                          + _prefix_store_positions(engine.scheduler.prefixes, cfg)),
-        wall_time_s=time.perf_counter() - start)
+    metrics.update(slot_metrics(loop, engine.scheduler, cfg),
+                   wall_time_s=time.perf_counter() - start)
     metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
-
-
-def _extend_positions(lengths_per_call: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
-    """Token positions the sampler's injection writes computed (see sampling_writes.inject):
-    per host call, the written slots are extended `lanes` at a time in slot order, each group by
-    the smallest width that fits its longest write, or by chunks of the largest width; with
-    lanes >= slots, all slots at once by the width that fits the call's longest write."""
-    buckets = _buckets(cfg)
-    lanes = min(cfg.injection_lanes or sampling.default_lanes(cfg.slots), cfg.slots)
-
-    def span(width: int) -> int:
-        fitting = [b for b in buckets if b >= width]
-        return fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
-
-    positions = 0
-    for lengths in lengths_per_call:
-        if not lengths:
-            continue
-        if lanes >= cfg.slots:
-            positions += span(max(lengths)) * cfg.slots
-            continue
-        for start in range(0, len(lengths), lanes):
-            positions += span(max(lengths[start:start + lanes])) * lanes
-    return positions
-
-
-def _buckets(cfg: RolloutConfig) -> list[int]:
-    """The sampler's injection widths, as run_slots normalises them."""
-    return sorted({min(b, cfg.max_context) for b in
-                   (cfg.injection_buckets or sampling.default_buckets(cfg.max_context))})
-
-
-def _prefix_store_positions(prefixes: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
-    """Token positions computed once per batch for the shared prefixes: one extend per prefix,
-    of the store's width."""
-    _, width = sampling.prefix_store_shape([len(p) for p in prefixes], _buckets(cfg),
-                                           cfg.max_context)
-    return len(prefixes) * width
 
 
 def _stop_ids(chat) -> dict[int, int]:
@@ -552,31 +504,6 @@ def _split_tool_calls(text: str) -> list[str]:
 
 
 # ================================================================================ metrics
-
-
-def rollout_metrics(rollouts: Sequence[Rollout], cfg: RolloutConfig) -> dict[str, float]:
-    """Counts and means over one batch: tool use, delegation, finish reasons, format errors."""
-    top = [r for r in rollouts if r.role in (PLANNER, SINGLE)]
-    workers = [r for r in rollouts if r.role == WORKER]
-    metrics: dict[str, float] = {"num_top_level": len(top), "num_workers": len(workers)}
-    for role, group in ((top[0].role if top else cfg.mode, top), (WORKER, workers)):
-        if not group:
-            continue
-        metrics[f"{role}/tool_calls_per_rollout"] = float(np.mean([len(r.tool_calls)
-                                                                   for r in group]))
-        metrics[f"{role}/turns_per_rollout"] = float(np.mean([r.num_turns for r in group]))
-        metrics[f"{role}/malformed_tool_calls"] = sum(not c.valid for r in group
-                                                      for c in r.tool_calls)
-        metrics[f"{role}/tool_failures"] = sum(c.tool_failed for r in group for c in r.tool_calls)
-        metrics[f"{role}/format_score"] = float(np.mean([r.format_score() for r in group]))
-        metrics[f"{role}/trainable_tokens"] = sum(r.num_trainable for r in group)
-        for reason, count in collections.Counter(r.finish_reason for r in group).items():
-            metrics[f"{role}/finish/{reason}"] = count
-    if cfg.mode == "matpo" and top:
-        metrics["worker_calls_per_planner"] = float(np.mean([len(r.child_ids) for r in top]))
-    metrics["malformed_tool_calls"] = sum(not c.valid for r in rollouts for c in r.tool_calls)
-    metrics["tool_failures"] = sum(c.tool_failed for r in rollouts for c in r.tool_calls)
-    return metrics
 
 
 __all__ = ["RolloutConfig", "RolloutConfigError", "RolloutBatch", "run_rollouts",

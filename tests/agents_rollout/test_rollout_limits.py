@@ -285,12 +285,12 @@ def test_scheduler_starts_new_sequences_from_their_longest_prefix():
 
 
 def test_extend_positions_count_each_lane_group_at_its_own_width():
-    from matpo_jax.agents.rollout import _extend_positions
+    from matpo_jax.agents.rollout_metrics import extend_positions
     cfg = dataclasses.replace(BASE, slots=4, max_context=256, injection_buckets=(16, 64),
                               injection_lanes=2)
     calls = [[300, 10, 70], [5], []]
     # Lane groups (300, 10): 5 chunks of 64, x 2 lanes; (70): 2 chunks x 2; (5): 16 x 2.
-    assert _extend_positions(calls, cfg) == 320 * 2 + 128 * 2 + 16 * 2
+    assert extend_positions(calls, cfg) == 320 * 2 + 128 * 2 + 16 * 2
     # All slots at once: each call pays the width of its longest write on every slot.
     wide = dataclasses.replace(cfg, injection_lanes=4)
-    assert _extend_positions(calls, wide) == 320 * 4 + 16 * 4
+    assert extend_positions(calls, wide) == 320 * 4 + 16 * 4
