@@ -40,7 +40,7 @@ __all__ = [
     "STOP_NONE", "STOP_EOS", "STOP_IM_END", "STOP_TOOL_CALL", "STOP_TURN_CAP", "STOP_CACHE_FULL",
     "STOP_REASON_NAMES", "Sampling", "SamplingConfigError", "SlotEvents", "SlotInjection",
     "SlotHost", "SlotProtocolError", "SlotLoopStats", "chat_stop_ids", "default_buckets",
-    "default_lanes", "prefix_store_shape",
+    "default_lanes", "normalize_buckets",
     "run_slots", "generate",
 ]
 
@@ -129,6 +129,13 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
     longer than the last width (a prompt, a re-prefilled context) is written in chunks of it."""
     widths = tuple(b for b in (16, 64, 256, 512) if b < max_len)
     return widths + (max_len,) if max_len <= 512 else widths
+
+
+def normalize_buckets(buckets: Sequence[int] | None, max_len: int) -> tuple[int, ...]:
+    """The injection widths run_slots uses: sorted, unique, capped at max_len (None: defaults)."""
+    if not buckets:
+        return default_buckets(max_len)
+    return tuple(sorted({min(int(b), max_len) for b in buckets}))
 
 
 def default_lanes(slots: int) -> int:
@@ -321,10 +328,10 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
     new_turn = s.stopped | reset | (num > 0)
     max_turn = s.turn_tokens.shape[1]
     turn_cap = jnp.where(new_turn, jnp.where(turn_cap > 0, turn_cap, max_turn), s.turn_cap)
-    return s._replace(turn_cap=turn_cap,
+    return s._replace(
         cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
         stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
-        host_calls=s.host_calls + 1, done=done)
+        turn_cap=turn_cap, host_calls=s.host_calls + 1, done=done)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -383,8 +390,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
     All results reach the host through SlotEvents; this returns counters only."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
-    buckets = tuple(sorted({min(int(b), max_len) for b in buckets})) if buckets else \
-        default_buckets(max_len)
+    buckets = normalize_buckets(buckets, max_len)
     if buckets[0] <= 0:
         raise SlotProtocolError(f"buckets must be positive widths, got {buckets}")
     lanes = default_lanes(slots) if lanes is None else min(int(lanes), slots)

@@ -70,6 +70,13 @@ def bucketed_extend(model, cache: KVCache, logits, tokens, num, buckets):
     return cache, logits
 
 
+def extend_width(length: int, buckets) -> int:
+    """Positions per row that `bucketed_extend` computes for a longest write of `length`: the
+    smallest bucket that fits it, past the last bucket whole chunks of the last."""
+    buckets = sorted(buckets)
+    return next((b for b in buckets if b >= length), -(-length // buckets[-1]) * buckets[-1])
+
+
 def _extend(model, cache: KVCache, logits, tokens, num):
     new, cache = model.extend_last(tokens, num, cache)
     return cache, jnp.where((num > 0)[:, None], new, logits)
@@ -103,14 +110,18 @@ class PrefixStore(NamedTuple):
 
 def prefix_store_shape(prefix_lengths, buckets, max_len: int) -> tuple[int, int]:
     """(rows, width) of the store holding prefixes of these lengths: rows padded to a power of two
-    (padding rows cost no compute) and width the smallest injection bucket that fits the longest
-    (past the last bucket: a multiple of it, at most max_len), so batches whose prompts differ a
-    little share one compilation. (0, 0) without prefixes."""
+    (padding rows cost no compute) and width the extend width of the longest (at most max_len),
+    so batches whose prompts differ a little share one compilation. (0, 0) without prefixes."""
     if not prefix_lengths:
         return 0, 0
-    longest, buckets = max(prefix_lengths), sorted(buckets)
-    width = next((b for b in buckets if b >= longest), -(-longest // buckets[-1]) * buckets[-1])
-    return 1 << (len(prefix_lengths) - 1).bit_length(), min(width, max_len)
+    width = min(extend_width(max(prefix_lengths), buckets), max_len)
+    return 1 << (len(prefix_lengths) - 1).bit_length(), width
+
+
+def prefix_store_buckets(buckets, width: int) -> tuple[int, ...]:
+    """The extend widths the store is built with: the injection buckets below its width, then
+    its width (so no prefix is written in chunks)."""
+    return tuple(b for b in sorted(buckets) if b < width) + (width,)
 
 
 def build_prefix_store(model, tokens, lengths, buckets) -> PrefixStore:
@@ -119,8 +130,8 @@ def build_prefix_store(model, tokens, lengths, buckets) -> PrefixStore:
     rows, width = tokens.shape
     cache = init_cache(model.config, rows, width)
     logits = jnp.zeros((rows, model.config.vocab_size), jnp.float32)
-    buckets = tuple(b for b in buckets if b < width) + (width,)
-    cache, logits = inject(model, cache, logits, tokens, lengths, buckets, lanes=1)
+    cache, logits = inject(model, cache, logits, tokens, lengths,
+                           prefix_store_buckets(buckets, width), lanes=1)
     return PrefixStore(cache, logits)
 
 

@@ -55,6 +55,10 @@ MALFORMED = "malformed_tool_call"  # malformed_tool_call="end_rollout"
 ERROR = "error"  # the engine failed on this rollout (logged); the batch goes on
 FINISH_REASONS = (ANSWER, MAX_TURNS, MAX_CONTEXT, MAX_NEW_TOKENS, MALFORMED, ERROR)
 
+# The tool schemas in each role's prompt (what its calls are checked against).
+_PLANNER_TOOLS = (tools.SUBAGENT_SCHEMA,)
+_WORKER_TOOLS = (tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA)
+
 
 class RolloutConfigError(ValueError):
     """A rollout setting out of range; the message names the field."""
@@ -190,7 +194,7 @@ class _Agent:
     """Host-side state of one rollout between its turns."""
 
     record: Rollout
-    tools: list[dict]  # the schemas in this role's prompt (what its calls are checked against)
+    tools: Sequence[dict]  # the schemas in this role's prompt (what its calls are checked against)
     question: str  # the planner's question (workers: their planner's)
     max_turns: int
     budget: int  # context the tool loop may use (a worker keeps room for its summary)
@@ -225,13 +229,11 @@ class _Engine:
     def start(self, questions: Sequence[str]) -> None:
         cfg = self.cfg
         role = PLANNER if cfg.mode == "matpo" else SINGLE
-        schemas = [tools.SUBAGENT_SCHEMA] if role == PLANNER else [tools.SEARCH_SCHEMA,
-                                                                    tools.OPEN_SCHEMA]
+        schemas = _PLANNER_TOOLS if role == PLANNER else _WORKER_TOOLS
         if cfg.reuse_prefixes:  # every sequence of a role starts with the role's system turn
             self.scheduler.register_prefix(self._system_ids(role, schemas))
             if role == PLANNER:
-                self.scheduler.register_prefix(
-                    self._system_ids(WORKER, [tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA]))
+                self.scheduler.register_prefix(self._system_ids(WORKER, _WORKER_TOOLS))
         for q, question in enumerate(questions):
             for g in range(cfg.group_size):
                 record = Rollout(rollout_id=len(self.agents), role=role, query_index=q,
@@ -241,9 +243,13 @@ class _Engine:
                 if cfg.reuse_prefixes and cfg.group_size > 1 and g == 0:
                     self.scheduler.register_prefix(record.tokens)  # the G samples' shared prompt
 
-    def _system_ids(self, role: str, schemas: list[dict]) -> list[int]:
-        system = self.chat.system_prompt(prompts.ROLE_TEXT[role], schemas)
-        return self.chat.render([{"role": "system", "content": system}])[0]
+    def _system_message(self, role: str, schemas: Sequence[dict]) -> dict:
+        return {"role": "system", "content": self.chat.system_prompt(prompts.ROLE_TEXT[role],
+                                                                     schemas)}
+
+    def _system_ids(self, role: str, schemas: Sequence[dict]) -> list[int]:
+        """The role's system turn: the start of every prompt of that role."""
+        return self.chat.render([self._system_message(role, schemas)])[0]
 
     def _spawn_worker(self, planner: _Agent, subtask: str, response_index: int) -> None:
         cfg = self.cfg
@@ -255,8 +261,7 @@ class _Engine:
         budget = cfg.max_context
         if cfg.final_summary:  # keep room for the summary instruction and the summary turn
             budget -= len(self._summary_ids) + cfg.summary_tokens
-        agent = _Agent(record, [tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA], planner.question,
-                       cfg.max_turns_worker, budget)
+        agent = _Agent(record, _WORKER_TOOLS, planner.question, cfg.max_turns_worker, budget)
         message = (prompts.worker_recap(planner.question, subtask) if cfg.user_query_recap
                    else subtask)
         self._open(agent, message)
@@ -265,8 +270,7 @@ class _Engine:
         """Writes the agent's prompt and queues it for a slot (or ends it if nothing fits)."""
         record = agent.record
         self.agents[record.rollout_id] = agent
-        system = self.chat.system_prompt(prompts.ROLE_TEXT[record.role], agent.tools)
-        record.append(self.chat.prompt_ids([{"role": "system", "content": system},
+        record.append(self.chat.prompt_ids([self._system_message(record.role, agent.tools),
                                             {"role": "user", "content": user_message}]),
                       trainable=False)
         if self._fits(agent, 0):
@@ -316,9 +320,7 @@ class _Engine:
             agent = self.agents[seq_id]
             decision = self._guard(agent, self._answer_calls, agent, calls)
             if isinstance(decision, Continue):  # else the rollout ended: its slot is reclaimed
-                self.scheduler.admit(seq_id, agent.record.tokens, group=agent.record.role,
-                                     priority=_priority(agent.record.role, resumed=True),
-                                     turn_cap=decision.turn_cap)
+                self._resume(agent, decision.turn_cap)
 
     def _wait_for_tools(self) -> bool:
         """No slot has anything to decode: blocks until some tool call is back (async_tools)."""
@@ -475,8 +477,13 @@ class _Engine:
             self._finish(planner, MAX_CONTEXT)
             return
         planner.record.append(ids, trainable=False)
-        self.scheduler.admit(planner.record.rollout_id, planner.record.tokens, group=PLANNER,
-                             priority=_priority(PLANNER, resumed=True))
+        self._resume(planner)
+
+    def _resume(self, agent: _Agent, turn_cap: int = 0) -> None:
+        """Queues a parked agent, its context complete, to decode on (before new sequences)."""
+        record = agent.record
+        self.scheduler.admit(record.rollout_id, record.tokens, group=record.role,
+                             priority=_priority(record.role, resumed=True), turn_cap=turn_cap)
 
     def check_all_finished(self) -> None:
         stuck = [a.record.rollout_id for a in self.agents.values() if not a.finished]

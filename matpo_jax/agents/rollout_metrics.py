@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from matpo_jax import sampling
+from matpo_jax.sampling_writes import (extend_width, prefix_store_buckets,
+                                       prefix_store_shape)
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 
 if TYPE_CHECKING:  # rollout.py imports this module
@@ -61,34 +63,25 @@ def extend_positions(lengths_per_call: Sequence[Sequence[int]], cfg: RolloutConf
     per host call, the written slots are extended `lanes` at a time in slot order, each group by
     the smallest width that fits its longest write, or by chunks of the largest width; with
     lanes >= slots, all slots at once by the width that fits the call's longest write."""
-    buckets = _buckets(cfg)
+    buckets = sampling.normalize_buckets(cfg.injection_buckets, cfg.max_context)
     lanes = min(cfg.injection_lanes or sampling.default_lanes(cfg.slots), cfg.slots)
-
-    def span(width: int) -> int:
-        fitting = [b for b in buckets if b >= width]
-        return fitting[0] if fitting else -(-width // buckets[-1]) * buckets[-1]
-
     positions = 0
     for lengths in lengths_per_call:
         if not lengths:
             continue
         if lanes >= cfg.slots:
-            positions += span(max(lengths)) * cfg.slots
+            positions += extend_width(max(lengths), buckets) * cfg.slots
             continue
         for start in range(0, len(lengths), lanes):
-            positions += span(max(lengths[start:start + lanes])) * lanes
+            positions += extend_width(max(lengths[start:start + lanes]), buckets) * lanes
     return positions
-
-
-def _buckets(cfg: RolloutConfig) -> list[int]:
-    """The sampler's injection widths, as run_slots normalises them."""
-    return sorted({min(b, cfg.max_context) for b in
-                   (cfg.injection_buckets or sampling.default_buckets(cfg.max_context))})
 
 
 def _prefix_store_positions(prefixes: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
     """Token positions computed once per batch for the shared prefixes: one extend per prefix,
-    of the store's width."""
-    _, width = sampling.prefix_store_shape([len(p) for p in prefixes], _buckets(cfg),
-                                           cfg.max_context)
-    return len(prefixes) * width
+    each at its own width among the store's (see sampling_writes.build_prefix_store)."""
+    buckets = sampling.normalize_buckets(cfg.injection_buckets, cfg.max_context)
+    lengths = [len(p) for p in prefixes]
+    _, width = prefix_store_shape(lengths, buckets, cfg.max_context)
+    store_buckets = prefix_store_buckets(buckets, width) if lengths else ()
+    return sum(extend_width(length, store_buckets) for length in lengths)

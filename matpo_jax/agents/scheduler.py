@@ -115,7 +115,6 @@ class SlotScheduler:
         # has nothing pending (then the loop ends).
         self.on_idle = on_idle
         self.prefixes: list[list[int]] = []  # run_slots(prefixes=...) must get this very list
-        self._prefix_order: list[int] = []  # longest first: the longest match wins
         self.injection_len = injection_len
         self.on_turns = on_turns
         self.mix_roles = mix_roles
@@ -144,8 +143,6 @@ class SlotScheduler:
         tokens = list(tokens)
         if tokens and tokens not in self.prefixes:
             self.prefixes.append(tokens)
-            self._prefix_order = sorted(range(len(self.prefixes)),
-                                        key=lambda i: -len(self.prefixes[i]))
 
     @property
     def num_waiting(self) -> int:
@@ -200,18 +197,16 @@ class SlotScheduler:
                 self.stats.resumed_in_place += 1
                 self.stats.injected_tokens += len(tokens)
             writes[index] = tokens
-        injection = self._injection(writes, reset, prefix)
-        injection.turn_cap = turn_cap
-        return injection
+        return self._injection(writes, reset, prefix, turn_cap)
 
     def _prefix_of(self, context: list[int]) -> tuple[int, int]:
         """(index of the longest registered prefix the context starts with, its length), or
         (-1, 0)."""
-        for index in self._prefix_order:
-            candidate = self.prefixes[index]
-            if len(candidate) <= len(context) and context[:len(candidate)] == candidate:
-                return index, len(candidate)
-        return -1, 0
+        matches = [i for i, p in enumerate(self.prefixes) if context[:len(p)] == p]
+        if not matches:
+            return -1, 0
+        best = max(matches, key=lambda i: len(self.prefixes[i]))
+        return best, len(self.prefixes[best])
 
     def _collect_turns(self, events) -> list[tuple[int, Turn]]:
         turns = []
@@ -283,7 +278,8 @@ class SlotScheduler:
                 self._phase = group
                 return
 
-    def _injection(self, writes: dict[int, list[int]], reset: np.ndarray, prefix: np.ndarray):
+    def _injection(self, writes: dict[int, list[int]], reset: np.ndarray, prefix: np.ndarray,
+                   turn_cap: np.ndarray):
         self.stats.injection_lengths.append([len(writes[i]) for i in sorted(writes) if writes[i]])
         width = max([1] + [len(ids) for ids in writes.values()])
         tokens = np.zeros((self.num_slots, width), np.int32)
@@ -298,4 +294,5 @@ class SlotScheduler:
         if not active.any() and self._waiting:
             raise RuntimeError(f"{len(self._waiting)} sequences wait but none can be placed")
         return sampling.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
-                                      done=bool(not active.any()), prefix=prefix)
+                                      done=bool(not active.any()), prefix=prefix,
+                                      turn_cap=turn_cap)

@@ -148,10 +148,15 @@ def test_command_line_entry_point(corpus_path):
         proc.wait(timeout=10)
 
 
-def test_latency_delays_every_answer(corpus_path):
+def test_latency_delays_every_endpoint(corpus_path):
     with SearchServer(corpus_path, latency_s=0.3) as server:
-        started = time.perf_counter()
-        response = requests.post(server.url + "/search", json={"q": "Lovelace"}, timeout=10)
-        assert response.ok and time.perf_counter() - started >= 0.3
+        for request in (lambda: requests.post(server.url + "/search", json={"q": "Lovelace"},
+                                              timeout=10),
+                        lambda: requests.get(server.url + "/health", timeout=10),
+                        lambda: requests.get(server.url + "/nowhere", timeout=10)):
+            started = time.perf_counter()
+            response = request()
+            assert time.perf_counter() - started >= 0.3
+            assert response.status_code in (200, 404)
     with pytest.raises(ValueError, match="latency_s must be >= 0"):
         SearchServer(corpus_path, latency_s=-1)

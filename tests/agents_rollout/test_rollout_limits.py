@@ -285,7 +285,7 @@ def test_scheduler_starts_new_sequences_from_their_longest_prefix():
 
 
 def test_extend_positions_count_each_lane_group_at_its_own_width():
-    from matpo_jax.agents.rollout_metrics import extend_positions
+    from matpo_jax.agents.rollout_metrics import _prefix_store_positions, extend_positions
     cfg = dataclasses.replace(BASE, slots=4, max_context=256, injection_buckets=(16, 64),
                               injection_lanes=2)
     calls = [[300, 10, 70], [5], []]
@@ -294,3 +294,6 @@ def test_extend_positions_count_each_lane_group_at_its_own_width():
     # All slots at once: each call pays the width of its longest write on every slot.
     wide = dataclasses.replace(cfg, injection_lanes=4)
     assert extend_positions(calls, wide) == 320 * 4 + 16 * 4
+    # The shared-prefix store: one extend per prefix at its own width among the store's widths
+    # (the buckets below the store's width, 192 = 3 chunks of 64 for the longest, then 192).
+    assert _prefix_store_positions([[1] * 9, [1] * 130, [1] * 60], cfg) == 16 + 192 + 64

@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from matpo_jax.sampling import SlotInjection, SlotProtocolError, prefix_store_shape, run_slots
+from matpo_jax.sampling import SlotInjection, SlotProtocolError, run_slots
+from matpo_jax.sampling_writes import extend_width, prefix_store_shape
 
 SYSTEM = [50, 51, 52, 53, 54, 55, 56, 57, 58]  # a "system prompt" every sequence starts with
 QUESTION = SYSTEM + [60, 61, 62, 63]  # a longer one some sequences share (a GRPO group's prompt)
@@ -114,3 +115,8 @@ def test_prefix_store_shape_buckets_rows_and_width():
     assert prefix_store_shape([9, 17], (16, 64), 256) == (2, 64)
     assert prefix_store_shape([130], (16, 64), 256) == (1, 192)
     assert prefix_store_shape([250], (16, 64, 100), 256) == (1, 256)  # capped at max_len
+
+
+def test_extend_width_is_the_smallest_bucket_or_whole_chunks_of_the_last():
+    assert [extend_width(n, (64, 16)) for n in (1, 16, 17, 64, 65, 129)] == [16, 16, 64, 64, 128,
+                                                                           192]
