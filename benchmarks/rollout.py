@@ -39,10 +39,10 @@ import jax  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "agents_rollout"))  # the scripted-policy helpers
 
-from matpo_jax import sampling  # noqa: E402
-from matpo_jax.agents import tools  # noqa: E402
+from matpo_jax import sampler  # noqa: E402
+from matpo_jax import tools  # noqa: E402
 from matpo_jax.agents.rollout import RolloutConfig, run_rollouts  # noqa: E402
-from matpo_jax.agents.search_server import SearchServer  # noqa: E402
+from matpo_jax.tools.search_server import SearchServer  # noqa: E402
 from matpo_jax.config import load_config_file  # noqa: E402
 from scripted_agents import CORPUS, PlannerScript, WorkerScript, scripted_policy  # noqa: E402
 
@@ -204,7 +204,7 @@ def summarise(runs, batch, config: RolloutConfig) -> dict:
                   "worker_rollouts": batch.metrics["num_workers"], "slots": config.slots,
                   "max_context": config.max_context, "max_new_tokens": config.max_new_tokens,
                   "worker_tool_calls": {"long": len(LONG.calls), "short": len(SHORT.calls)},
-                  "lanes": config.injection_lanes or sampling.default_lanes(config.slots)},
+                  "lanes": config.injection_lanes or sampler.default_lanes(config.slots)},
     }
 
 

@@ -29,8 +29,8 @@ import transformers
 from flax import nnx
 
 from matpo_jax.model import Qwen3Config, init_cache, load_pretrained
-from matpo_jax.sampling import Sampling, SlotInjection, generate, run_slots
-from matpo_jax.sampling_ops import first_index_of_max
+from matpo_jax.sampler.loop import Sampling, SlotInjection, generate, run_slots
+from matpo_jax.sampler.ops import first_index_of_max
 
 SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family)
     "4M": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,

@@ -22,17 +22,17 @@ from flax import nnx
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from matpo_jax import metrics as metrics_lib  # noqa: E402
-from matpo_jax.agents.search_server import SearchServer  # noqa: E402
+from matpo_jax.report import metrics as metrics_lib  # noqa: E402
+from matpo_jax.tools.search_server import SearchServer  # noqa: E402
 from matpo_jax.config import load_config_file  # noqa: E402
 from matpo_jax.data import loader as loader_lib  # noqa: E402
 from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts  # noqa: E402
-from matpo_jax.evaluate import evaluate  # noqa: E402
-from matpo_jax.rl_loop import model_state  # noqa: E402
-from matpo_jax.runtime import Runtime, build_model, make_mesh, make_toolbox  # noqa: E402
-from matpo_jax.sft import build_sft_sequences, run_sft, tool_text  # noqa: E402
-from matpo_jax.sft_data import copy_token_mask  # noqa: E402
-from matpo_jax.world_assets import prepare_world, question_from_record  # noqa: E402
+from matpo_jax.run.evaluation import evaluate  # noqa: E402
+from matpo_jax.run.rl import model_state  # noqa: E402
+from matpo_jax.run.runtime import Runtime, build_model, make_mesh, make_toolbox  # noqa: E402
+from matpo_jax.run.sft import build_sft_sequences, run_sft, tool_text  # noqa: E402
+from matpo_jax.data.sft_data import copy_token_mask  # noqa: E402
+from matpo_jax.data.world_assets import prepare_world, question_from_record  # noqa: E402
 
 VALIDATION_QUESTIONS = 64  # oracle demonstrations scored teacher-forced
 ROWS = 8  # demonstrations per forward pass

@@ -31,9 +31,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/r
 from rollout import (CORPUS, PLANNERS, RESULTS, SHORT_THINK, check_same_work,  # noqa: E402
                      rollout_config, scripted_policy)
 
-from matpo_jax.agents import tools  # noqa: E402
+from matpo_jax import tools  # noqa: E402
 from matpo_jax.agents.rollout import run_rollouts  # noqa: E402
-from matpo_jax.agents.search_server import SearchServer  # noqa: E402
+from matpo_jax.tools.search_server import SearchServer  # noqa: E402
 
 LATENCIES_S = (0.0, 0.05, 0.2)
 REPEATS = 3

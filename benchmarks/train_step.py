@@ -27,8 +27,8 @@ from flax import nnx
 
 from matpo_jax import parallel
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
-from matpo_jax.rl import packing
-from matpo_jax.rl import train_step as ts
+from matpo_jax.trainer import packing
+from matpo_jax.trainer import step as ts
 from matpo_jax.rl.advantages import group_advantages
 
 RESULTS = Path(__file__).parent / "results"

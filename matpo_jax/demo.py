@@ -40,11 +40,11 @@ def results_table(sft_eval: dict, final_eval: dict) -> str:
 
 def main(argv):
     del argv
-    from matpo_jax import logs
+    from matpo_jax.report import logs
     logs.configure()
     path, _, arg = _CONFIG.value.partition(":")
     cfg = config_lib.validate_config(config_lib.load_config_file(path, arg or None))
-    from matpo_jax.experiment import run_experiment
+    from matpo_jax.run.experiment import run_experiment
 
     start = time.time()
     summary = run_experiment(cfg, _WORKDIR.value)

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from matpo_jax import plots
+from matpo_jax.report import plots
 
 _OUT = flags.DEFINE_string("out", "docs/repro", "Where runs, table and plots go.")
 _NOISE = flags.DEFINE_list("noise", ["0.05", "0.3"], "Noise levels of the world.")

@@ -24,7 +24,7 @@ def main(argv):
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
-    from matpo_jax import logs
+    from matpo_jax.report import logs
     logs.configure(verbose=_VERBOSE.value)
     from matpo_jax import parallel
     if _MULTIHOST.value:
@@ -32,7 +32,7 @@ def main(argv):
     import jax
 
     cfg = config_lib.config_from_flags(_CONFIG, jax.device_count())
-    from matpo_jax.experiment import run_experiment
+    from matpo_jax.run.experiment import run_experiment
     summary = run_experiment(cfg, _WORKDIR.value)
     logging.info("final evaluation: %s", json.dumps(summary.get("final_eval", {}), indent=1))
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 
-from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
+from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
-from matpo_jax.tokenizer import ChatFormat, strip_think
-from matpo_jax.tokenizer_training import CONTROL_TOKENS
+from matpo_jax.chat import ChatFormat, strip_think
+from matpo_jax.chat.tokenizer_training import CONTROL_TOKENS
 
 PLANNER_ROLE = (
     "You are a planner. Give each simple sub-task to a worker with the subagent tool, one call per "

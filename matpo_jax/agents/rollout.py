@@ -1,7 +1,7 @@
 """Planner and worker rollouts of one model, sharing one decode batch.
 
 `run_rollouts` starts G planner rollouts per question (or G single agents) and drives them through
-the slot sampler (`sampling.run_slots`). Every time some slots stop, the engine reads each stopped
+the slot sampler (`sampler.run_slots`). Every time some slots stop, the engine reads each stopped
 agent's turn, runs the tool calls of all of them at once (thread pool), and answers with the next
 tokens to append in place, or frees the slot:
 - a planner's `subagent` call spawns a worker with a fresh context (role prompt + user-query recap);
@@ -35,8 +35,11 @@ import logging
 import time
 from typing import Sequence
 
-from matpo_jax import sampling, tokenizer
-from matpo_jax.agents import prompts, tools
+from matpo_jax import sampler
+from matpo_jax.chat import (TOOL_CALL_OPEN, ChatFormat, MalformedToolCall, ToolCall, has_tool_call,
+                            parse_tool_call, strip_think)
+from matpo_jax.agents import prompts
+from matpo_jax import tools
 from matpo_jax.agents.rollout_metrics import rollout_metrics, slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
@@ -84,11 +87,11 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     mix_roles: bool = True  # False: planners and workers decode in separate phases (baseline)
-    # Static widths of the sampler's injection writes (None: sampling.default_buckets). Every
+    # Static widths of the sampler's injection writes (None: sampler.default_buckets). Every
     # host call pays the smallest width >= its longest injection (longer: chunks of the last),
     # on all slots: finer widths cost compilations, save compute on prompts and re-prefills.
     injection_buckets: tuple[int, ...] | None = None
-    # Rows one injection extend writes together (None: sampling.default_lanes(slots)); a host call
+    # Rows one injection extend writes together (None: sampler.default_lanes(slots)); a host call
     # writing into n slots runs ceil(n / lanes) extends of that many rows.
     injection_lanes: int | None = None
     # Compute each role's system prompt (and, for G > 1, each question's prompt) once per batch
@@ -136,8 +139,8 @@ class RolloutConfig:
         return self.final_summary_max_tokens or self.max_new_tokens
 
     @property
-    def sampling(self) -> sampling.Sampling:
-        return sampling.Sampling(temperature=self.temperature, top_p=self.top_p,
+    def sampling(self) -> sampler.Sampling:
+        return sampler.Sampling(temperature=self.temperature, top_p=self.top_p,
                                  top_k=self.top_k, max_turn_tokens=self.max_new_tokens)
 
 
@@ -154,7 +157,7 @@ class RolloutBatch:
         return [by_id[i] for i in planner.child_ids]
 
 
-def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
+def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
                  questions: Sequence[str], cfg: RolloutConfig, rng) -> RolloutBatch:
     """Rolls out G samples per question; returns every planner, worker (or single) trajectory.
 
@@ -165,7 +168,7 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
     with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
         engine = _Engine(chat, toolbox, cfg, pool)
         engine.start(questions)
-        loop = sampling.run_slots(
+        loop = sampler.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
             max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng,
             buckets=cfg.injection_buckets, lanes=cfg.injection_lanes,
@@ -183,7 +186,7 @@ def run_rollouts(model_state, graphdef, chat: tokenizer.ChatFormat, toolbox,
 def _stop_ids(chat) -> dict[int, int]:
     # Turns end at <|im_end|> (Qwen3 closes a tool-call turn with it too) or eos; not at
     # </tool_call>, so the closing <|im_end|> is sampled, hence trained, as in render().
-    return {int(chat.eos_id): sampling.STOP_EOS, int(chat.im_end_id): sampling.STOP_IM_END}
+    return {int(chat.eos_id): sampler.STOP_EOS, int(chat.im_end_id): sampler.STOP_IM_END}
 
 
 # ================================================================================ the engine
@@ -209,7 +212,7 @@ class _Call:
     """One tool call of the turn being handled, and the text that answers it."""
 
     record: ToolCallRecord
-    call: tokenizer.ToolCall | None
+    call: ToolCall | None
     response: str | None = None  # None until known (tool run, or worker report)
 
 
@@ -351,11 +354,11 @@ class _Engine:
         record.assistant_texts.append(text)
         if agent.in_summary:
             return self._finish(agent, record.finish_reason)
-        if turn.stop_reason == sampling.STOP_CACHE_FULL:
+        if turn.stop_reason == sampler.STOP_CACHE_FULL:
             return self._stop(agent, MAX_CONTEXT)
-        if turn.stop_reason == sampling.STOP_TURN_CAP:
+        if turn.stop_reason == sampler.STOP_TURN_CAP:
             return self._stop(agent, MAX_NEW_TOKENS)
-        if not tokenizer.has_tool_call(text):
+        if not has_tool_call(text):
             return self._stop(agent, ANSWER)
         calls = self._parse_calls(agent, text)
         record.tool_calls.extend(c.record for c in calls)
@@ -377,8 +380,8 @@ class _Engine:
         calls = []
         for block in blocks:
             try:
-                call = tokenizer.parse_tool_call(block, agent.tools)
-            except tokenizer.MalformedToolCall as malformed:
+                call = parse_tool_call(block, agent.tools)
+            except MalformedToolCall as malformed:
                 calls.append(_Call(ToolCallRecord(turn, None, None, False, malformed.reason), None,
                                    prompts.malformed_call_text(malformed.reason)))
                 continue
@@ -505,9 +508,9 @@ def _tool_jobs(calls: Sequence[_Call]) -> list[_Call]:
 
 def _split_tool_calls(text: str) -> list[str]:
     """One text per `<tool_call>` block (the last one may be unterminated)."""
-    body = tokenizer.strip_think(text)
-    parts = body.split(tokenizer.TOOL_CALL_OPEN)[1:]
-    return [tokenizer.TOOL_CALL_OPEN + part for part in parts]
+    body = strip_think(text)
+    parts = body.split(TOOL_CALL_OPEN)[1:]
+    return [TOOL_CALL_OPEN + part for part in parts]
 
 
 # ================================================================================ metrics

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from matpo_jax import sampling
-from matpo_jax.sampling_writes import (extend_width, prefix_store_buckets,
+from matpo_jax import sampler
+from matpo_jax.sampler.writes import (extend_width, prefix_store_buckets,
                                        prefix_store_shape)
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 
@@ -43,7 +43,7 @@ def rollout_metrics(rollouts: Sequence[Rollout], cfg: RolloutConfig) -> dict[str
     return metrics
 
 
-def slot_metrics(loop: sampling.SlotLoopStats, scheduler: SlotScheduler,
+def slot_metrics(loop: sampler.SlotLoopStats, scheduler: SlotScheduler,
                  cfg: RolloutConfig) -> dict[str, float]:
     """The decode loop's counters and the scheduler's traffic over one batch."""
     stats = scheduler.stats
@@ -63,8 +63,8 @@ def extend_positions(lengths_per_call: Sequence[Sequence[int]], cfg: RolloutConf
     per host call, the written slots are extended `lanes` at a time in slot order, each group by
     the smallest width that fits its longest write, or by chunks of the largest width; with
     lanes >= slots, all slots at once by the width that fits the call's longest write."""
-    buckets = sampling.normalize_buckets(cfg.injection_buckets, cfg.max_context)
-    lanes = min(cfg.injection_lanes or sampling.default_lanes(cfg.slots), cfg.slots)
+    buckets = sampler.normalize_buckets(cfg.injection_buckets, cfg.max_context)
+    lanes = min(cfg.injection_lanes or sampler.default_lanes(cfg.slots), cfg.slots)
     positions = 0
     for lengths in lengths_per_call:
         if not lengths:
@@ -80,7 +80,7 @@ def extend_positions(lengths_per_call: Sequence[Sequence[int]], cfg: RolloutConf
 def _prefix_store_positions(prefixes: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
     """Token positions computed once per batch for the shared prefixes: one extend per prefix,
     each at its own width among the store's (see sampling_writes.build_prefix_store)."""
-    buckets = sampling.normalize_buckets(cfg.injection_buckets, cfg.max_context)
+    buckets = sampler.normalize_buckets(cfg.injection_buckets, cfg.max_context)
     lengths = [len(p) for p in prefixes]
     _, width = prefix_store_shape(lengths, buckets, cfg.max_context)
     store_buckets = prefix_store_buckets(buckets, width) if lengths else ()

@@ -1,6 +1,6 @@
 """The slot host: which sequence sits in which decode slot, and when it gets one.
 
-The sampler's loop (`sampling.run_slots`) owns B decode slots and calls the host whenever slots
+The sampler's loop (`sampler.run_slots`) owns B decode slots and calls the host whenever slots
 stop. This host knows nothing about agents or tools. On every call it hands the stopped
 sequences' turns (maybe none) to `on_turns`, which answers per sequence:
 - `Continue(tokens)`: append these (non-trainable) tokens in place and decode on;
@@ -29,7 +29,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from matpo_jax import sampling
+from matpo_jax import sampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Turn:
     seq_id: int
     tokens: list[int]  # incl. the stop token, if any
     logprobs: list[float]
-    stop_reason: int  # sampling.STOP_*
+    stop_reason: int  # sampler.STOP_*
     cache_len: int  # tokens now in the sequence's KV cache
 
 
@@ -104,7 +104,7 @@ class _Slot:
 
 
 class SlotScheduler:
-    """Implements the `sampling.SlotHost` protocol over an agent-agnostic turn handler."""
+    """Implements the `sampler.SlotHost` protocol over an agent-agnostic turn handler."""
 
     def __init__(self, num_slots: int, injection_len: int, on_turns: TurnHandler, *,
                  mix_roles: bool = True, group_order: Sequence[Hashable] = (),
@@ -158,7 +158,7 @@ class SlotScheduler:
         return sum(s.active for s in self.slots)
 
     # -- host protocol -----------------------------------------------------------------------
-    def __call__(self, events: sampling.SlotEvents) -> sampling.SlotInjection:
+    def __call__(self, events: sampler.SlotEvents) -> sampler.SlotInjection:
         self.stats.host_calls += 1
         writes: dict[int, list[int]] = {}  # slot -> tokens to append
         reset = np.zeros(self.num_slots, bool)
@@ -293,6 +293,6 @@ class SlotScheduler:
         active = np.array([s.active for s in self.slots])
         if not active.any() and self._waiting:
             raise RuntimeError(f"{len(self._waiting)} sequences wait but none can be placed")
-        return sampling.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
+        return sampler.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
                                       done=bool(not active.any()), prefix=prefix,
                                       turn_cap=turn_cap)

@@ -1,7 +1,7 @@
 """Scripted demonstrations of the three roles (planner, worker, single agent) for warm-start SFT.
 
 The oracle knows a question's gold hop chain, but it ACTS THROUGH REAL TOOLS: it calls
-`search(query=..., num=...)` and `open(id=...)` (the tool clients of matpo_jax.agents.tools, or
+`search(query=..., num=...)` and `open(id=...)` (the tool clients of matpo_jax.tools.clients, or
 `LocalCorpusTools` below) and writes their output verbatim into the conversation, so a
 demonstration shows exactly the text a model sees at rollout time. It opens a page only after
 that page's id appeared in a search result it received; when search never surfaces the gold page
@@ -22,9 +22,9 @@ from typing import Callable, Sequence
 
 from matpo_jax.agents import prompts
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
-from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
+from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
 from matpo_jax.data.synthetic_world import RELATION_BY_PHRASE, Document, Hop, Question, plain_template
-from matpo_jax.tokenizer import ChatFormat, format_tool_call
+from matpo_jax.chat import ChatFormat, format_tool_call
 
 SearchFn = Callable[..., str]  # search(query: str, num: int) -> result text
 OpenFn = Callable[..., str]  # open(id: str) -> page text

@@ -19,7 +19,7 @@ import numpy as np
 
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 from matpo_jax.rl.judge import CORRECT, LLMJudge
-from matpo_jax.tokenizer import extract_boxed  # noqa: F401  (part of this module's API)
+from matpo_jax.chat import extract_boxed  # noqa: F401  (part of this module's API)
 
 ACCURACY_METHODS = ("exact", "f1", "judge")
 REWARD_MODES = ("matpo", "single")

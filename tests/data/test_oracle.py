@@ -3,10 +3,10 @@ import json
 import pytest
 
 from matpo_jax.agents import prompts
-from matpo_jax.agents.tools import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
+from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
 from matpo_jax.data import oracle as oracle_lib
 from matpo_jax.data.oracle import Imperfection, LocalCorpusTools, Oracle
-from matpo_jax.tokenizer import extract_boxed, parse_tool_call
+from matpo_jax.chat import extract_boxed, parse_tool_call
 
 SEARCH, OPEN, SUBAGENT = SEARCH_SCHEMA, OPEN_SCHEMA, SUBAGENT_SCHEMA
 PROMPTS = oracle_lib.RolePrompts(planner_system="PLANNER", worker_system="WORKER",

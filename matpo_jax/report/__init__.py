@@ -1,0 +1,1 @@
+"""What a run shows a person: metrics (JSONL + TensorBoard), progress lines, log setup, plots."""

@@ -1,0 +1,86 @@
+"""Evaluation: greedy rollouts on a held-out split, accuracy per hop count and tool-use statistics.
+
+Results go to <workdir>/eval/<tag>.json (numbers) and <tag>_samples.txt (a few decoded
+transcripts, to read what the agents actually did).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import numpy as np
+
+from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.agents.rollout import run_rollouts
+from matpo_jax.agents.trajectory import WORKER
+from matpo_jax.data import loader as loader_lib
+from matpo_jax.rl import rewards as rewards_lib
+from matpo_jax.run.runtime import Runtime, rng_for, rollout_config
+
+SAMPLES_SHOWN = 3
+
+
+def eval_records(rt: Runtime) -> list[dict]:
+    """The evaluation questions: the first `eval.num_questions` of the split (0 = all)."""
+    cfg = rt.cfg
+    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[cfg.eval.split]
+    count = len(source) if int(cfg.eval.num_questions) <= 0 else min(len(source),
+                                                                    int(cfg.eval.num_questions))
+    return [loader_lib.decode_record(source[i]) for i in range(count)]
+
+
+def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> dict[str, float]:
+    """Rolls out every evaluation question once and returns `eval/...` metrics."""
+    from matpo_jax.run.rl import reward_config  # the training reward, applied to eval
+
+    records = records if records is not None else eval_records(rt)
+    questions = [r["question"] for r in records]
+    batch = run_rollouts(model_state, graphdef, rt.chat, rt.toolbox, questions,
+                         rollout_config(rt.cfg, evaluation=True), rng_for(int(rt.cfg.train.seed), 2))
+    breakdowns = rewards_lib.rollout_rewards(batch.rollouts, [r["answer"] for r in records],
+                                             reward_config(rt.cfg), questions=questions,
+                                             judge=rt.judge)
+    owners = [r for r in batch.rollouts if r.role != WORKER]
+    by_hops = collections.defaultdict(list)
+    for owner in owners:
+        by_hops[int(records[owner.query_index]["hops"])].append(breakdowns[owner.rollout_id].accuracy)
+    tool_calls = collections.Counter()
+    worker_calls = collections.Counter()
+    for r in batch.rollouts:
+        tool_calls[r.query_index] += len(r.tool_calls)
+        if r.role == WORKER:
+            worker_calls[r.query_index] += 1
+    n = len(records)
+    out = {
+        "eval/accuracy": float(np.mean([breakdowns[o.rollout_id].accuracy for o in owners])),
+        "eval/reward": float(np.mean([breakdowns[o.rollout_id].reward for o in owners])),
+        "eval/tool_calls_per_question": sum(tool_calls.values()) / n,
+        "eval/worker_calls_per_question": sum(worker_calls.values()) / n,
+        "eval/answered": float(np.mean([breakdowns[o.rollout_id].prediction is not None
+                                        for o in owners])),
+        "eval/questions": float(n),
+    }
+    out.update({f"eval/accuracy_hop{h}": float(np.mean(v)) for h, v in sorted(by_hops.items())})
+    out.update({f"eval/{k}": v for k, v in metrics_lib.rollout_stats(batch.rollouts).items()})
+    _write(rt, tag, out, batch.rollouts, records, breakdowns)
+    return out
+
+
+def _write(rt: Runtime, tag: str, metrics: dict, rollouts, records, breakdowns) -> None:
+    os.makedirs(rt.path("eval"), exist_ok=True)
+    with open(rt.path("eval", f"{tag}.json"), "w") as f:
+        json.dump(metrics, f, indent=1, sort_keys=True)
+    by_id = {r.rollout_id: r for r in rollouts}
+    lines = []
+    for owner in [r for r in rollouts if r.role != WORKER][:SAMPLES_SHOWN]:
+        record = records[owner.query_index]
+        b = breakdowns[owner.rollout_id]
+        lines.append(f"=== Q: {record['question']}  gold: {record['answer']}  "
+                     f"predicted: {b.prediction}  acc: {b.accuracy}")
+        lines.append(rt.chat.decode(owner.tokens))
+        for child in owner.child_ids:
+            lines.append(f"--- worker {child} ---")
+            lines.append(rt.chat.decode(by_id[child].tokens))
+    with open(rt.path("eval", f"{tag}_samples.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")

@@ -1,0 +1,491 @@
+"""The slot sampler: one jitted `lax.while_loop` that decodes B slots and talks to a Python host.
+
+Each iteration samples one token per active slot and feeds it through `model.decode`. Whenever a
+slot stops (a stop token, its turn cap, a full cache) the loop leaves XLA once, through an ordered
+`io_callback`, hands every stopped slot's turn to the host (`SlotEvents`) and receives what to
+write next (`SlotInjection`: prompts, tool responses, re-prefilled contexts). The injected tokens
+are written inside the loop by `model.extend_last` of a static bucket width over only the rows that
+receive tokens, a static number of lanes at a time (long ones by a loop of fixed-width chunks), so
+a rollout with many tool calls is a single compiled program: no recompiles, no re-upload of the
+cache, no Python per decoded token. Prompt prefixes that many sequences share are computed once
+per loop and copied into the slots that start with them (see `sampling_writes`).
+
+Structure: outer loop = [host call -> inject] then an inner loop that decodes until some slot
+stops; the host is therefore called exactly once per iteration in which any slot stopped (and once
+at the start). The jitted function does not close over the host: the callback finds it through a
+registry keyed by an id that is a runtime argument, so all hosts share one compilation per
+(model, slots, max_len, max_turn, buckets, sampling, stop ids).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import io_callback
+
+from matpo_jax.model.qwen3 import KVCache, init_cache
+from matpo_jax.sampler.writes import (build_prefix_store, copy_prefixes, inject,
+                                       prefix_store_shape)
+from matpo_jax.sampler.ops import Sampling, SamplingConfigError, row_keys, sample_tokens
+
+__all__ = [
+    "STOP_NONE", "STOP_EOS", "STOP_IM_END", "STOP_TOOL_CALL", "STOP_TURN_CAP", "STOP_CACHE_FULL",
+    "STOP_REASON_NAMES", "Sampling", "SamplingConfigError", "SlotEvents", "SlotInjection",
+    "SlotHost", "SlotProtocolError", "SlotLoopStats", "chat_stop_ids", "default_buckets",
+    "default_lanes", "normalize_buckets",
+    "run_slots", "generate",
+]
+
+# Why a slot stopped (SlotEvents.stop_reason). STOP_NONE marks rows that did not stop.
+STOP_NONE, STOP_EOS, STOP_IM_END, STOP_TOOL_CALL, STOP_TURN_CAP, STOP_CACHE_FULL = range(6)
+STOP_REASON_NAMES = {STOP_NONE: "none", STOP_EOS: "eos", STOP_IM_END: "im_end",
+                     STOP_TOOL_CALL: "tool_call", STOP_TURN_CAP: "turn_cap",
+                     STOP_CACHE_FULL: "cache_full"}
+
+
+class SlotProtocolError(ValueError):
+    """The host answered with something the loop cannot execute; the message names the field."""
+
+
+# ----------------------------------------------------------------------------- the host protocol
+
+
+@dataclass
+class SlotEvents:
+    """Loop -> host, numpy arrays over the B slots. Rows with stopped=False are to be ignored."""
+
+    stopped: np.ndarray  # bool[B]
+    stop_reason: np.ndarray  # int32[B], STOP_*
+    turn_tokens: np.ndarray  # int32[B, max_turn]: sampled this turn, incl. the stop token
+    turn_logprobs: np.ndarray  # float32[B, max_turn]
+    turn_len: np.ndarray  # int32[B]
+    cache_len: np.ndarray  # int32[B]: tokens in the slot's KV cache (sampled ones included)
+
+    def turn(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (tokens, logprobs) a slot sampled in the turn that just ended."""
+        n = int(self.turn_len[slot])
+        return self.turn_tokens[slot, :n].copy(), self.turn_logprobs[slot, :n].copy()
+
+
+@dataclass
+class SlotInjection:
+    """Host -> loop. tokens may be narrower than the injection buffer (max_len); it is padded."""
+
+    tokens: np.ndarray  # int32[B, K]: non-trainable tokens appended to the slot
+    num: np.ndarray  # int32[B]: how many of tokens[b] to append (0 = nothing)
+    reset: np.ndarray  # bool[B]: cache length set to 0 before writing (a new sequence)
+    active: np.ndarray  # bool[B]: the slot decodes on afterwards (False = idle)
+    done: bool = False  # end the loop
+    # int32[B] or None: a reset slot starts from run_slots' prefixes[prefix[b]] (its cached keys
+    # and values) and `tokens` are appended after it; -1 = no prefix.
+    prefix: np.ndarray | None = None
+    # int32[B] or None: the token cap of the turn a slot starts after this injection (one that
+    # receives tokens or stopped); 0 = max_turn, the default. E.g. a shorter final-summary turn.
+    turn_cap: np.ndarray | None = None
+
+    @classmethod
+    def nothing(cls, slots: int, width: int = 1) -> "SlotInjection":
+        """An injection that writes nothing and leaves every slot idle; hosts fill it in place."""
+        return cls(tokens=np.zeros((slots, width), np.int32), num=np.zeros(slots, np.int32),
+                   reset=np.zeros(slots, bool), active=np.zeros(slots, bool), done=False,
+                   prefix=np.full(slots, -1, np.int32), turn_cap=np.zeros(slots, np.int32))
+
+
+class SlotHost(Protocol):
+    def __call__(self, events: SlotEvents) -> SlotInjection: ...
+
+
+class SlotLoopStats(NamedTuple):
+    decode_steps: int  # loop iterations that decoded a token
+    host_calls: int
+    sampled_tokens: int
+    hit_limit: bool  # stopped by the max_steps / max_host_calls safety caps, not by the host
+
+
+def chat_stop_ids(chat_format) -> dict[int, int]:
+    """Stop ids of a ChatFormat (eos_id, im_end_id, tool_call_end_id attributes) -> reasons.
+
+    When eos and <|im_end|> are the same id (Qwen3 instruct), the turn end wins: STOP_IM_END.
+    """
+    table = {}
+    for attribute, reason in (("eos_id", STOP_EOS), ("im_end_id", STOP_IM_END),
+                              ("tool_call_end_id", STOP_TOOL_CALL)):
+        token_id = getattr(chat_format, attribute, None)
+        if token_id is not None:
+            table[int(token_id)] = reason
+    return table
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """Static injection widths: a short tool response pays for a 16- or 64-token extend. Anything
+    longer than the last width (a prompt, a re-prefilled context) is written in chunks of it."""
+    widths = tuple(b for b in (16, 64, 256, 512) if b < max_len)
+    return widths + (max_len,) if max_len <= 512 else widths
+
+
+def normalize_buckets(buckets: Sequence[int] | None, max_len: int) -> tuple[int, ...]:
+    """The injection widths run_slots uses: sorted, unique, capped at max_len (None: defaults)."""
+    if not buckets:
+        return default_buckets(max_len)
+    return tuple(sorted({min(int(b), max_len) for b in buckets}))
+
+
+def default_lanes(slots: int) -> int:
+    """Rows an injection extends together: an eighth of the slots (at least 1). A host call of a
+    rollout usually writes into one or two slots (a tool response, a new prompt), and each lane
+    costs a full-width extend whether or not a row fills it; a refill of many slots runs several
+    extends of `lanes` rows (more passes over the weights, the same attention work)."""
+    return max(1, slots // 8)
+
+
+def _stop_table(stop_ids: Mapping[int, int] | Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """A hashable, sorted ((token_id, reason), ...) from a mapping or a plain id list (-> EOS)."""
+    if isinstance(stop_ids, Mapping):
+        pairs = {int(t): int(r) for t, r in stop_ids.items()}
+    else:
+        pairs = {int(t): STOP_EOS for t in stop_ids}
+    for token_id, reason in pairs.items():
+        if reason not in (STOP_EOS, STOP_IM_END, STOP_TOOL_CALL):
+            raise SlotProtocolError(f"stop_ids[{token_id}] must be STOP_EOS/IM_END/TOOL_CALL, "
+                                    f"got {reason}")
+    return tuple(sorted(pairs.items()))
+
+
+# ----------------------------------------------------------------------------- host registry
+
+
+class _HostSession:
+    """A live run_slots call: its host, shapes for validation, and the first host error."""
+
+    def __init__(self, host: SlotHost, slots: int, max_len: int, max_turn: int,
+                 prefix_lengths=()):
+        self.host, self.slots, self.max_len, self.max_turn = host, slots, max_len, max_turn
+        self.prefix_lengths = np.asarray(prefix_lengths, np.int32)
+        self.error: BaseException | None = None
+
+
+_SESSIONS: dict[int, _HostSession] = {}
+_SESSION_IDS = itertools.count(1)
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _call_host(session_id, stopped, stop_reason, turn_tokens, turn_logprobs, turn_len, cache_len):
+    """The io_callback target: runs the host and turns its answer into fixed-shape arrays.
+
+    A host exception must not unwind through XLA (it would surface as an opaque runtime error), so
+    it is stored, the loop is told `done`, and run_slots re-raises it.
+    """
+    session = _SESSIONS[int(session_id)]
+    events = SlotEvents(stopped=np.asarray(stopped, bool), stop_reason=np.asarray(stop_reason),
+                        turn_tokens=np.asarray(turn_tokens), turn_logprobs=np.asarray(turn_logprobs),
+                        turn_len=np.asarray(turn_len), cache_len=np.asarray(cache_len))
+    if session.error is None:
+        try:
+            return _check_injection(session.host(events), events, session)
+        except BaseException as error:  # noqa: BLE001 - re-raised by run_slots
+            session.error = error
+    finish = SlotInjection.nothing(session.slots, session.max_len)
+    return (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
+            finish.turn_cap, np.bool_(True))
+
+
+def _check_injection(injection, events: SlotEvents, session: _HostSession):
+    slots, max_len = session.slots, session.max_len
+    if not isinstance(injection, SlotInjection):
+        raise SlotProtocolError(f"the host must return a SlotInjection, got {type(injection)}")
+
+    def field(name, dtype, shape):
+        value = np.asarray(getattr(injection, name))
+        if value.shape != shape:
+            raise SlotProtocolError(f"SlotInjection.{name} must have shape {shape}, got {value.shape}")
+        return value.astype(dtype)
+
+    num = field("num", np.int32, (slots,))
+    reset = field("reset", bool, (slots,))
+    active = field("active", bool, (slots,))
+    tokens = np.asarray(injection.tokens)
+    if tokens.ndim != 2 or tokens.shape[0] != slots or tokens.shape[1] > max_len:
+        raise SlotProtocolError(
+            f"SlotInjection.tokens must have shape [{slots}, K <= {max_len}], got {tokens.shape}")
+    padded = np.zeros((slots, max_len), np.int32)
+    padded[:, :tokens.shape[1]] = tokens
+    prefix = (np.full(slots, -1, np.int32) if injection.prefix is None
+              else field("prefix", np.int32, (slots,)))
+    known = len(session.prefix_lengths)
+    for slot in np.flatnonzero((prefix < -1) | (prefix >= known))[:1]:
+        raise SlotProtocolError(f"SlotInjection.prefix[{slot}]={prefix[slot]} is outside "
+                                f"[-1, {known}) (run_slots got {known} prefixes)")
+    for slot in np.flatnonzero((prefix >= 0) & ~reset)[:1]:
+        raise SlotProtocolError(f"SlotInjection.prefix[{slot}] is set but reset[{slot}] is not: "
+                                "only a new sequence can start from a prefix")
+    turn_cap = (np.zeros(slots, np.int32) if injection.turn_cap is None
+                else field("turn_cap", np.int32, (slots,)))
+    for slot in np.flatnonzero((turn_cap < 0) | (turn_cap > session.max_turn))[:1]:
+        raise SlotProtocolError(f"SlotInjection.turn_cap[{slot}]={turn_cap[slot]} is outside "
+                                f"[0, {session.max_turn}] (0 = max_turn)")
+    start = np.where(reset, 0, events.cache_len)
+    if known:
+        start = np.where(prefix >= 0, session.prefix_lengths[np.maximum(prefix, 0)], start)
+    for slot in np.flatnonzero((num < 0) | (num > tokens.shape[1]))[:1]:
+        raise SlotProtocolError(f"SlotInjection.num[{slot}]={num[slot]} is outside "
+                                f"[0, {tokens.shape[1]}] (the width of tokens)")
+    for slot in np.flatnonzero(start + num > max_len)[:1]:
+        raise SlotProtocolError(
+            f"SlotInjection.num[{slot}]={num[slot]} overflows slot {slot}: it holds "
+            f"{start[slot]} tokens and the cache has max_len={max_len}")
+    for slot in np.flatnonzero(active & (start + num == 0))[:1]:
+        raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
+    return padded, num, reset, active, prefix, turn_cap, np.bool_(injection.done)
+
+
+# ----------------------------------------------------------------------------- the jitted loop
+
+
+class _LoopState(NamedTuple):
+    cache: KVCache
+    logits: jax.Array  # float32[B, V]: next-token logits of each slot
+    active: jax.Array  # bool[B]
+    stopped: jax.Array  # bool[B]: stopped since the last host call
+    stop_reason: jax.Array  # int32[B]
+    turn_tokens: jax.Array  # int32[B, max_turn]
+    turn_logprobs: jax.Array  # float32[B, max_turn]
+    turn_len: jax.Array  # int32[B]
+    turn_cap: jax.Array  # int32[B]: tokens the current turn may sample (<= max_turn)
+    decode_steps: jax.Array  # int32 scalar, also the RNG step
+    host_calls: jax.Array  # int32 scalar
+    sampled_tokens: jax.Array  # int32 scalar
+    done: jax.Array  # bool scalar
+
+
+def _stop_reasons(tokens, stop_table):
+    reason = jnp.full(tokens.shape, STOP_NONE, jnp.int32)
+    for token_id, token_reason in stop_table:
+        reason = jnp.where(tokens == token_id, token_reason, reason)
+    return reason
+
+
+def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_len: int):
+    """Samples one token for every active slot with room left, records it, and decodes it."""
+    slots, max_turn = s.turn_tokens.shape
+    rows = jnp.arange(slots)
+    full = s.cache.lengths >= max_len
+    sampling_rows = s.active & ~full
+    tokens, logprobs = sample_tokens(s.logits, row_keys(rng, s.decode_steps, slots), sampling)
+    # Rows that do not sample write to column max_turn, which mode="drop" discards.
+    column = jnp.where(sampling_rows, s.turn_len, max_turn)
+    turn_tokens = s.turn_tokens.at[rows, column].set(tokens, mode="drop")
+    turn_logprobs = s.turn_logprobs.at[rows, column].set(logprobs, mode="drop")
+    turn_len = s.turn_len + sampling_rows
+    # The sampled token always enters the cache (the stop token too): the context stays complete,
+    # so the host only appends what comes after it.
+    new_logits, cache = model.decode(tokens, s.cache, sampling_rows)
+    logits = jnp.where(sampling_rows[:, None], new_logits, s.logits)
+
+    reason = jnp.where(sampling_rows, _stop_reasons(tokens, stop_table), STOP_NONE)
+    reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (turn_len >= s.turn_cap),
+                       STOP_TURN_CAP, reason)
+    reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (cache.lengths >= max_len),
+                       STOP_CACHE_FULL, reason)
+    # An active slot injected up to max_len has no room for even one token.
+    reason = jnp.where(s.active & full, STOP_CACHE_FULL, reason)
+    newly_stopped = reason != STOP_NONE
+    return s._replace(
+        cache=cache, logits=logits, active=s.active & ~newly_stopped,
+        stopped=s.stopped | newly_stopped, stop_reason=jnp.where(newly_stopped, reason, s.stop_reason),
+        turn_tokens=turn_tokens, turn_logprobs=turn_logprobs, turn_len=turn_len,
+        decode_steps=s.decode_steps + 1, sampled_tokens=s.sampled_tokens + jnp.sum(sampling_rows))
+
+
+def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int,
+                store=None):
+    """One host call with the current events, then the injection it answers with."""
+    slots = s.active.shape[0]
+    result_shapes = (jax.ShapeDtypeStruct((slots, max_len), jnp.int32),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
+                     jax.ShapeDtypeStruct((slots,), jnp.bool_),
+                     jax.ShapeDtypeStruct((slots,), jnp.bool_),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
+                     jax.ShapeDtypeStruct((), jnp.bool_))
+    tokens, num, reset, active, prefix, turn_cap, done = io_callback(
+        _call_host, result_shapes, session_id, s.stopped, s.stop_reason, s.turn_tokens,
+        s.turn_logprobs, s.turn_len, s.cache.lengths, ordered=True)
+    cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
+    logits = s.logits
+    if store is not None:
+        cache, logits = copy_prefixes(cache, logits, store, prefix)
+    num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
+    cache, logits = inject(model, cache, logits, tokens, num, buckets, lanes)
+    # A new turn starts for slots that stopped or received tokens.
+    new_turn = s.stopped | reset | (num > 0)
+    max_turn = s.turn_tokens.shape[1]
+    turn_cap = jnp.where(new_turn, jnp.where(turn_cap > 0, turn_cap, max_turn), s.turn_cap)
+    return s._replace(
+        cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
+        stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
+        turn_cap=turn_cap, host_calls=s.host_calls + 1, done=done)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table"))
+def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
+               prefix_lengths, *, slots, max_len, max_turn, buckets, lanes, sampling, stop_table):
+    model = nnx.merge(graphdef, model_state)
+    config = model.config
+    store = (build_prefix_store(model, prefix_tokens, prefix_lengths, buckets)
+             if prefix_tokens.shape[0] else None)
+    state = _LoopState(
+        cache=init_cache(config, slots, max_len),
+        logits=jnp.zeros((slots, config.vocab_size), jnp.float32),
+        active=jnp.zeros((slots,), bool), stopped=jnp.zeros((slots,), bool),
+        stop_reason=jnp.zeros((slots,), jnp.int32),
+        turn_tokens=jnp.zeros((slots, max_turn), jnp.int32),
+        turn_logprobs=jnp.zeros((slots, max_turn), jnp.float32),
+        turn_len=jnp.zeros((slots,), jnp.int32),
+        turn_cap=jnp.full((slots,), max_turn, jnp.int32),
+        decode_steps=jnp.int32(0), host_calls=jnp.int32(0), sampled_tokens=jnp.int32(0),
+        done=jnp.bool_(False))
+
+    def under_limits(s):
+        return (s.decode_steps < max_steps) & (s.host_calls < max_host_calls)
+
+    def decode_until_a_stop(s):
+        return jax.lax.while_loop(
+            lambda s: ~s.done & ~jnp.any(s.stopped) & jnp.any(s.active) & under_limits(s),
+            lambda s: _decode_step(model, s, rng, sampling, stop_table, max_len), s)
+
+    def outer_body(s):
+        return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
+                                               store))
+
+    final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
+    return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
+
+
+def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int,
+              max_turn: int | None = None, sampling: Sampling = Sampling(),
+              stop_ids: Mapping[int, int] | Sequence[int] = (), rng=None,
+              buckets: Sequence[int] | None = None, lanes: int | None = None,
+              prefixes: Sequence[Sequence[int]] = (), max_steps: int = 1 << 30,
+              max_host_calls: int = 1 << 30) -> SlotLoopStats:
+    """Runs the slot loop until the host answers done (or a safety cap is hit).
+
+    model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
+    SlotEvents.turn_tokens (default sampling.max_turn_tokens). stop_ids: {token_id: STOP_*} (see
+    `chat_stop_ids`) or a plain id list (reported as STOP_EOS). buckets: static injection widths
+    (default `default_buckets(max_len)`); longer injections are written in chunks of the last.
+    lanes: rows extended together by an injection (default `default_lanes(slots)`); a host call
+    writing into n rows runs ceil(n / lanes) extends of `lanes` rows each.
+    prefixes: token lists many sequences start with; their keys and values are computed once,
+    when the loop starts, and a host starts a reset slot from one (SlotInjection.prefix) instead
+    of writing those tokens again.
+    max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
+    All results reach the host through SlotEvents; this returns counters only."""
+    max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
+    buckets = normalize_buckets(buckets, max_len)
+    if buckets[0] <= 0:
+        raise SlotProtocolError(f"buckets must be positive widths, got {buckets}")
+    lanes = default_lanes(slots) if lanes is None else min(int(lanes), slots)
+    if lanes <= 0:
+        raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
+    rng = jax.random.key(0) if rng is None else rng
+    prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len)
+    session = _HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes])
+    with _SESSIONS_LOCK:
+        session_id = next(_SESSION_IDS)
+        _SESSIONS[session_id] = session
+    try:
+        counters = _slot_loop(graphdef, model_state, rng, jnp.int32(session_id),
+                              jnp.int32(min(max_steps, 2**31 - 1)),
+                              jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,
+                              prefix_lengths, slots=slots,
+                              max_len=max_len, max_turn=max_turn, buckets=buckets,
+                              lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids))
+        decode_steps, host_calls, sampled, done = jax.device_get(counters)
+    finally:
+        with _SESSIONS_LOCK:
+            del _SESSIONS[session_id]
+    if session.error is not None:
+        raise session.error
+    return SlotLoopStats(int(decode_steps), int(host_calls), int(sampled), not bool(done))
+
+
+def _prefix_arrays(prefixes: Sequence[Sequence[int]], buckets: Sequence[int], max_len: int):
+    """The store's input: tokens [rows, width] and lengths [rows] (padding rows have length 0)."""
+    lengths = [len(p) for p in prefixes]
+    for index, length in enumerate(lengths):
+        if not 0 < length <= max_len:
+            raise SlotProtocolError(f"prefixes[{index}] has {length} tokens; a prefix needs 1 to "
+                                    f"max_len={max_len}")
+    rows, width = prefix_store_shape(lengths, buckets, max_len)
+    tokens = np.zeros((rows, max(width, 1)), np.int32)
+    for index, prefix in enumerate(prefixes):
+        tokens[index, :len(prefix)] = prefix
+    padded = np.zeros(rows, np.int32)
+    padded[:len(lengths)] = lengths
+    return jnp.asarray(tokens), jnp.asarray(padded)
+
+
+# ----------------------------------------------------------------------------- plain generation
+
+
+class _PromptQueueHost:
+    """Loads prompts into free slots and collects each one's single turn when its slot stops."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], slots: int):
+        self.pending = collections.deque(enumerate(prompts))
+        self.slot_prompt: list[int | None] = [None] * slots
+        self.width = max(len(p) for p in prompts)
+        self.tokens: list[np.ndarray | None] = [None] * len(prompts)
+        self.logprobs: list[np.ndarray | None] = [None] * len(prompts)
+
+    def __call__(self, events: SlotEvents) -> SlotInjection:
+        slots = len(self.slot_prompt)
+        injection = SlotInjection.nothing(slots, self.width)
+        for slot in range(slots):
+            index = self.slot_prompt[slot]
+            if index is not None and events.stopped[slot]:
+                self.tokens[index], self.logprobs[index] = events.turn(slot)
+                self.slot_prompt[slot] = index = None
+            if index is None and self.pending:
+                index, prompt = self.pending.popleft()
+                self.slot_prompt[slot] = index
+                injection.tokens[slot, :len(prompt)] = prompt
+                injection.num[slot] = len(prompt)
+                injection.reset[slot] = True
+            injection.active[slot] = index is not None
+        injection.done = not injection.active.any()
+        return injection
+
+
+def generate(model_state, graphdef, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+             sampling: Sampling = Sampling(), stop_ids: Mapping[int, int] | Sequence[int] = (),
+             rng=None, *, slots: int | None = None, max_len: int | None = None,
+             length_multiple: int = 128) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Batched generation over the slot loop: (tokens, logprobs) sampled after each prompt.
+
+    Each prompt gets one turn of at most max_new_tokens, ending at a stop id. slots defaults to
+    all prompts at once (fewer slots queue the rest); max_len defaults to the longest prompt +
+    max_new_tokens rounded up to length_multiple, so similar batches share one compilation.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise SlotProtocolError("prompts must be a non-empty list of non-empty token lists")
+    slots = slots or len(prompts)
+    needed = max(len(p) for p in prompts) + max_new_tokens
+    if max_len is None:
+        max_len = -(-needed // length_multiple) * length_multiple
+    elif max_len < needed:
+        raise SlotProtocolError(f"max_len={max_len} < longest prompt + max_new_tokens = {needed}")
+    host = _PromptQueueHost(prompts, slots)
+    # lanes=slots: the first host call fills every slot at once, as one extend of all rows.
+    run_slots(model_state, graphdef, host, slots=slots, max_len=max_len, max_turn=max_new_tokens,
+              sampling=sampling, stop_ids=stop_ids, rng=rng, lanes=slots)
+    return host.tokens, host.logprobs

@@ -1,0 +1,248 @@
+"""Packing planner and worker sequences into fixed-shape training rows.
+
+Rollouts have wildly different lengths (a planner ~1k tokens, its workers a few hundred), so one
+sequence per row wastes most of the compute on padding. `pack_sequences` places several sequences
+in one row (first-fit-decreasing), marks them with segment ids (1-based per row, 0 = padding) so
+attention stays within a sequence, and restarts positions per segment. `pad_sequences` is the
+one-sequence-per-row layout, kept for comparison and tests.
+
+The number of rows is STATIC per bucket: it is rounded up to a multiple of `row_multiple`
+(micro-batches x data-parallel devices), so the jitted train step compiles once per shape bucket
+and every micro-batch splits evenly over devices.
+
+Loss weights (loss.aggregation_weights) are computed here over the WHOLE batch, before the rows are
+ever split, which is what makes every aggregation mode exact under any micro-batch/device split.
+The same fact lets a batch leave out sequences that carry no gradient (advantage 0 with no KL or
+entropy term: a GRPO group whose samples all scored the same): their weight still counts in every
+other sequence's normaliser, so the update is unchanged while its cost drops with the share of
+such groups, which is most of them while accuracy is low.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+
+from matpo_jax.agents.trajectory import ROLE_IDS, WORKER, Rollout
+from matpo_jax.trainer.loss import LossConfig, aggregation_weights
+
+
+class PackingError(ValueError):
+    """A sequence or batch that cannot be laid out as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSequence:
+    """One rollout's tokens as the trainer sees them."""
+
+    tokens: np.ndarray  # int32 [L]
+    trainable: np.ndarray  # bool [L]: sampled by the policy
+    old_logprobs: np.ndarray  # float32 [L]: sampler log-probs (0 where not trainable)
+    advantage: float  # the rollout's scalar advantage (a worker's is its parent's)
+    role_id: int  # 0 planner / single agent, 1 worker
+    rollout_id: int
+    group_id: int  # the planner rollout this belongs to (itself for a planner)
+    ref_logprobs: np.ndarray | None = None  # float32 [L], only when a KL term is used
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def sequences_from_rollouts(rollouts: Sequence[Rollout],
+                            advantages: Mapping[int, float]) -> list[TrainSequence]:
+    """TrainSequences for every rollout, each carrying its scalar advantage."""
+    seqs = []
+    for r in rollouts:
+        if not (len(r.tokens) == len(r.trainable) == len(r.logprobs)):
+            raise PackingError(f"rollout {r.rollout_id}: {len(r.tokens)} tokens, "
+                               f"{len(r.trainable)} trainable flags, {len(r.logprobs)} log-probs")
+        seqs.append(TrainSequence(
+            tokens=np.asarray(r.tokens, np.int32),
+            trainable=np.asarray(r.trainable, bool),
+            old_logprobs=np.asarray(r.logprobs, np.float32),
+            advantage=float(advantages[r.rollout_id]),
+            role_id=ROLE_IDS[r.role],
+            rollout_id=r.rollout_id,
+            group_id=r.parent_id if r.role == WORKER else r.rollout_id,
+        ))
+    return seqs
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PackedBatch:
+    """Fixed-shape [rows, max_len] training batch (numpy on the host, jax arrays in the step)."""
+
+    tokens: np.ndarray  # int32
+    positions: np.ndarray  # int32, restart at 0 per segment
+    segment_ids: np.ndarray  # int32, 1-based per row, 0 = padding
+    role_ids: np.ndarray  # int32, 0 planner, 1 worker (0 on padding)
+    loss_mask: np.ndarray  # float32, 1 on trainable tokens that can be predicted
+    advantages: np.ndarray  # float32, the sequence's scalar advantage on its loss tokens
+    old_logprobs: np.ndarray  # float32
+    loss_weights: np.ndarray  # float32, aggregation weight of each token over the whole batch
+    rollout_ids: np.ndarray  # int32, -1 on padding
+    ref_logprobs: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.tokens.shape
+
+    def efficiency(self) -> float:
+        """Non-padding tokens / total slots."""
+        return float((np.asarray(self.segment_ids) > 0).mean())
+
+    def num_loss_tokens(self) -> int:
+        return int(np.asarray(self.loss_mask).sum())
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of sequence indices, each bin's total length <= capacity."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        for b, space in enumerate(free):
+            if lengths[i] <= space:
+                bins[b].append(i)
+                free[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            free.append(capacity - lengths[i])
+    return bins
+
+
+def _check_lengths(seqs: Sequence[TrainSequence], max_len: int) -> None:
+    for s in seqs:
+        if len(s) > max_len:
+            raise PackingError(f"sequence of rollout {s.rollout_id} has {len(s)} tokens, more than "
+                               f"max_len={max_len}; raise max_len or cap rollout context")
+        if len(s) == 0:
+            raise PackingError(f"sequence of rollout {s.rollout_id} is empty")
+
+
+def _loss_masks(seqs: Sequence[TrainSequence]) -> list[np.ndarray]:
+    # A sequence's first token has no earlier token of the same sequence to be predicted from.
+    masks = []
+    for s in seqs:
+        m = s.trainable.astype(np.float32).copy()
+        m[0] = 0.0
+        masks.append(m)
+    return masks
+
+
+def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: int, row_len: int,
+                max_len: int, loss_config: LossConfig) -> PackedBatch:
+    """The batch for a given assignment of sequences to rows (bins of indices into `seqs`)."""
+    masks = _loss_masks(seqs)
+    # seq-mean-token-sum-norm divides by a CONSTANT: the configured max_len (the padded length),
+    # never the row length a particular batch happened to get.
+    norm = loss_config.norm_constant if loss_config.norm_constant is not None else max_len
+    weights = aggregation_weights(masks, [s.group_id for s in seqs], [s.role_id for s in seqs],
+                                  loss_config.aggregation,
+                                  seq_denominator=loss_config.seq_denominator, norm_constant=norm)
+    shape = (num_rows, row_len)
+    batch = PackedBatch(
+        tokens=np.zeros(shape, np.int32), positions=np.zeros(shape, np.int32),
+        segment_ids=np.zeros(shape, np.int32), role_ids=np.zeros(shape, np.int32),
+        loss_mask=np.zeros(shape, np.float32), advantages=np.zeros(shape, np.float32),
+        old_logprobs=np.zeros(shape, np.float32), loss_weights=np.zeros(shape, np.float32),
+        rollout_ids=np.full(shape, -1, np.int32),
+        ref_logprobs=(np.zeros(shape, np.float32)
+                      if any(s.ref_logprobs is not None for s in seqs) else None),
+    )
+    for row, members in enumerate(bins):
+        start = 0
+        for segment, i in enumerate(members, start=1):
+            s, n = seqs[i], len(seqs[i])
+            span = slice(start, start + n)
+            batch.tokens[row, span] = s.tokens
+            batch.positions[row, span] = np.arange(n)
+            batch.segment_ids[row, span] = segment
+            batch.role_ids[row, span] = s.role_id
+            batch.loss_mask[row, span] = masks[i]
+            # The scalar advantage on EVERY loss token of this sequence (worker or planner).
+            batch.advantages[row, span] = masks[i] * np.float32(s.advantage)
+            batch.old_logprobs[row, span] = s.old_logprobs
+            batch.loss_weights[row, span] = weights[i]
+            batch.rollout_ids[row, span] = s.rollout_id
+            if s.ref_logprobs is not None:
+                batch.ref_logprobs[row, span] = s.ref_logprobs
+            start += n
+    return batch
+
+
+def carries_gradient(seq: TrainSequence, loss_config: LossConfig) -> bool:
+    """False when every loss term of the sequence is identically zero in the parameters' gradient:
+    the clipped surrogate scales with the advantage, and no KL or entropy term is on."""
+    return seq.advantage != 0.0 or loss_config.kl_coef > 0 or loss_config.entropy_coef > 0
+
+
+def trained_indices(seqs: Sequence[TrainSequence], loss_config: LossConfig) -> list[int]:
+    """Indices of the sequences a batch must hold; at least one, so a batch is never empty (the
+    optimizer still takes its step, as it would on an all-zero gradient)."""
+    keep = [i for i, s in enumerate(seqs) if carries_gradient(s, loss_config)]
+    if not keep and seqs:
+        keep = [min(range(len(seqs)), key=lambda i: len(seqs[i]))]
+    return keep
+
+
+def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
+    if rows is None:
+        return round_up(max(needed, 1), row_multiple)
+    if rows < needed:
+        raise PackingError(f"the sequences need {needed} rows but rows={rows}")
+    if rows % row_multiple:
+        raise PackingError(f"rows={rows} is not a multiple of row_multiple={row_multiple}")
+    return rows
+
+
+def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
+                   rows: int | None = None, row_len_multiple: int | None = None,
+                   loss_config: LossConfig = LossConfig(),
+                   drop_inert: bool = False) -> PackedBatch:
+    """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
+
+    row_len_multiple: also pick the row length, among its multiples from the longest sequence up
+    to max_len, as the one with the fewest total slots (ties: shorter rows, whose dense attention
+    is cheaper). A small batch then avoids a mostly empty last row; the shape stays bucketed.
+    drop_inert: leave out the sequences that carry no gradient (`carries_gradient`); the loss
+    weights of the rest are those of the whole batch, so the gradient is the same.
+    """
+    _check_lengths(seqs, max_len)
+    order = trained_indices(seqs, loss_config) if drop_inert else list(range(len(seqs)))
+    lengths = [len(seqs[i]) for i in order]
+    candidates = [max_len]
+    if row_len_multiple and lengths:
+        shortest = round_up(max(lengths), row_len_multiple)
+        candidates = list(range(shortest, max_len + 1, row_len_multiple)) or [max_len]
+    best = None
+    for row_len in candidates:
+        bins = [[order[j] for j in b] for b in first_fit_decreasing(lengths, row_len)]
+        if rows is not None and len(bins) > rows:
+            continue
+        num_rows = _num_rows(len(bins), row_multiple, rows)
+        if best is None or num_rows * row_len < best[0] * best[1]:
+            best = (num_rows, row_len, bins)
+    if best is None:  # nothing fits in `rows`: let _num_rows raise with the count at max_len
+        bins = first_fit_decreasing(lengths, max_len)
+        _num_rows(len(bins), row_multiple, rows)
+    num_rows, row_len, bins = best
+    return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config)
+
+
+def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
+                  rows: int | None = None,
+                  loss_config: LossConfig = LossConfig()) -> PackedBatch:
+    """One sequence per row, right-padded: the baseline layout."""
+    _check_lengths(seqs, max_len)
+    bins = [[i] for i in range(len(seqs))]
+    return layout_bins(seqs, bins, _num_rows(len(bins), row_multiple, rows), max_len, max_len,
+                   loss_config)

@@ -1,0 +1,293 @@
+"""The sharded, jitted update: RL (clipped surrogate) or SFT (cross-entropy), one function.
+
+State is an explicit pytree (`TrainState`: params, optimizer state, counters, RNG) so it flows
+through jit and Orbax unchanged. Parameters and optimizer state are sharded by the regex partition
+rules; the packed batch is sharded over ("data", "fsdp") on its row axis.
+
+Inside one call: the rows are split into `ppo_mini_batches` mini-batches (one optimizer step each,
+repeated for `ppo_epochs` epochs; 1 x 1 by default = one optimizer step per RL step) and every
+mini-batch into `micro_batches` micro-batches whose gradients are summed in a `lax.scan`. Because
+the loss is a weighted sum with weights fixed on the host over the whole batch, the sum over
+micro-batches and devices equals the whole-batch loss exactly.
+
+Row order: micro-batch k of mini-batch m holds rows {j * M + m * micro_batches + k} (M = mini x
+micro), i.e. the batch is viewed as [rows_per_micro, M] and then transposed. With the row axis
+split in contiguous blocks over devices, that keeps every micro-batch spread over all devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from matpo_jax import parallel
+from matpo_jax.trainer import loss as loss_lib
+from matpo_jax.trainer.packing import PackedBatch
+
+OBJECTIVES = ("rl", "sft")
+SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    learning_rate: float = 1e-5
+    schedule: str = "constant"  # constant | warmup_constant | warmup_cosine
+    warmup_steps: int = 0
+    decay_steps: int = 1000  # warmup_cosine: optimizer steps from the end of warmup to the floor
+    end_lr_ratio: float = 0.0  # warmup_cosine: final lr / peak lr
+    weight_decay: float = 0.01  # decoupled (AdamW); only on matrices, never on norm scales
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clip; <= 0 disables
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"OptimizerConfig.schedule={self.schedule!r}, "
+                             f"expected one of {SCHEDULES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStepConfig:
+    objective: str = "rl"  # rl | sft
+    loss: loss_lib.LossConfig = loss_lib.LossConfig()
+    micro_batches: int = 1  # gradient accumulation steps per optimizer step
+    ppo_mini_batches: int = 1  # optimizer steps per epoch over the RL batch
+    ppo_epochs: int = 1  # passes over the RL batch
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"TrainStepConfig.objective={self.objective!r}, expected {OBJECTIVES}")
+        for name in ("micro_batches", "ppo_mini_batches", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainStepConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def optimizer_steps_per_call(self) -> int:
+        return self.ppo_mini_batches * self.ppo_epochs
+
+    def row_multiple(self, mesh: Mesh | None = None) -> int:
+        """Rows of a packed batch must be a multiple of this (pass to pack_sequences)."""
+        devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        return self.micro_batches * self.ppo_mini_batches * devices
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+    """lr of the optimizer update with 0-based index `count` (optax's count before the update).
+
+    Warmup is shifted by one so the first update already moves: update k of a w-step warmup uses
+    (k + 1) / w of the peak, never 0."""
+    lr, warmup = config.learning_rate, config.warmup_steps
+    if config.schedule == "constant":
+        return optax.constant_schedule(lr)
+    if config.schedule == "warmup_constant":
+        base = optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, max(warmup, 1)), optax.constant_schedule(lr)], [warmup])
+    else:
+        base = optax.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=lr, warmup_steps=warmup,
+            decay_steps=warmup + config.decay_steps, end_value=lr * config.end_lr_ratio)
+    return lambda count: base(count + 1)
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+    """Global-norm clipping then AdamW with the configured schedule."""
+    adamw = optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
+                        weight_decay=config.weight_decay,
+                        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+    if config.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+    return adamw
+
+
+# ----------------------------------------------------------------------------- state
+
+@flax.struct.dataclass
+class TrainState:
+    params: Any  # nnx.State of the nnx.Param variables
+    opt_state: Any
+    frozen: Any  # non-trainable model state (nnx.State, usually empty)
+    step: jax.Array  # train_step calls (RL steps)
+    optimizer_steps: jax.Array  # optimizer updates applied
+    skipped_steps: jax.Array  # updates skipped because the gradient was not finite
+    rng: jax.Array
+
+
+def state_shardings(state_shapes: TrainState, tx: optax.GradientTransformation, mesh: Mesh,
+                    rules=None) -> TrainState:
+    """NamedShardings for every leaf: parameters by the partition rules, optimizer moments like
+    their parameter, counters and RNG replicated."""
+    replicated = NamedSharding(mesh, P())
+    param_sh = parallel.param_shardings(state_shapes.params, mesh, rules)
+    opt_sh = optax.tree_map_params(tx, lambda _, sh: sh, state_shapes.opt_state, param_sh,
+                                   transform_non_params=lambda _: replicated)
+    return TrainState(params=param_sh, opt_state=opt_sh,
+                      frozen=jax.tree.map(lambda _: replicated, state_shapes.frozen),
+                      step=replicated, optimizer_steps=replicated, skipped_steps=replicated,
+                      rng=replicated)
+
+
+def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh, *,
+                     rules=None, seed: int = 0):
+    """Splits the model and builds a sharded TrainState. Returns (graphdef, state, shardings)."""
+    graphdef, params, frozen = nnx.split(model, nnx.Param, ...)
+
+    def build(params, frozen):
+        return TrainState(params=params, opt_state=tx.init(params), frozen=frozen,
+                          step=jnp.zeros((), jnp.int32), optimizer_steps=jnp.zeros((), jnp.int32),
+                          skipped_steps=jnp.zeros((), jnp.int32), rng=jax.random.key_data(
+                              jax.random.key(seed)))
+
+    shardings = state_shardings(jax.eval_shape(build, params, frozen), tx, mesh, rules)
+    state = jax.jit(build, out_shardings=shardings)(params, frozen)
+    return graphdef, state, shardings
+
+
+# ----------------------------------------------------------------------------- the step
+
+def _split_rows(batch: PackedBatch, mini: int, micro: int, mesh: Mesh) -> PackedBatch:
+    """[rows, T] -> [mini, micro, rows_per_micro, T], each micro-batch spread over all devices."""
+    spec = P(None, None, parallel.BATCH_AXES)
+
+    def split(x):
+        per_micro = x.shape[0] // (mini * micro)
+        x = x.reshape(per_micro, mini, micro, *x.shape[1:])
+        x = jnp.moveaxis(x, 0, 2)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return jax.tree.map(split, batch)
+
+
+def _tree_where(pred, on_true, on_false):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def _objective(config: TrainStepConfig):
+    return loss_lib.policy_loss if config.objective == "rl" else loss_lib.sft_loss
+
+
+def _accumulated_gradients(graphdef, config: TrainStepConfig, shardings: TrainState) -> Callable:
+    """(params, frozen, mini_batch [micro, rows, T]) -> (summed grads, loss, metric sums)."""
+    objective, mini = _objective(config), config.ppo_mini_batches
+
+    def micro_loss(params, frozen, batch):
+        model = nnx.merge(graphdef, params, frozen)
+        logits = model(batch.tokens, batch.positions, batch.segment_ids)
+        # Each mini-batch is one slice of the whole-batch objective; scale it back to full size.
+        loss, sums = objective(logits, batch, config.loss)
+        return loss * mini, (loss, sums)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def mini_batch_grads(params, frozen, mini_batch):
+        first = jax.tree.map(lambda x: x[0], mini_batch)
+        _, (_, sum_shapes) = jax.eval_shape(micro_loss, params, frozen, first)
+        # The gradient accumulator lives where its parameter lives.
+        zero_grads = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params),
+                                                      shardings.params)
+        zeros = (zero_grads, jnp.zeros((), jnp.float32),
+                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes))
+
+        def accumulate(carry, micro_batch):
+            grads, loss, sums = carry
+            (_, (micro_value, micro_sums)), micro_grads = grad_fn(params, frozen, micro_batch)
+            return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_value,
+                    jax.tree.map(jnp.add, sums, micro_sums)), None
+
+        return jax.lax.scan(accumulate, zeros, mini_batch)[0]
+
+    return mini_batch_grads
+
+
+def make_gradient_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: TrainState):
+    """jitted (state, batch) -> (loss, grads, metrics) over the whole batch, accumulated over
+    `config.micro_batches` exactly as the train step does (ppo_mini_batches must be 1). For
+    tests, debugging and gradient statistics; applies no update."""
+    if config.ppo_mini_batches != 1:
+        raise ValueError("make_gradient_fn needs ppo_mini_batches == 1")
+    accumulate = _accumulated_gradients(graphdef, config, shardings)
+
+    def grads_of(state: TrainState, batch: PackedBatch):
+        mini_batch = jax.tree.map(lambda x: x[0], _split_rows(batch, 1, config.micro_batches, mesh))
+        grads, loss, sums = accumulate(state.params, state.frozen, mini_batch)
+        return loss, grads, loss_lib.finalize_metrics(sums)
+
+    batch_sharding = parallel.batch_sharding(mesh)
+    jitted = jax.jit(grads_of, in_shardings=(shardings, batch_sharding))
+    return lambda state, batch: jitted(state, jax.device_put(batch, batch_sharding))
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainStepConfig,
+                    mesh: Mesh, shardings: TrainState,
+                    lr_schedule: optax.Schedule | None = None) -> Callable:
+    """step(state, batch: PackedBatch of numpy or jax arrays) -> (state, metrics)."""
+    mini, micro, epochs = config.ppo_mini_batches, config.micro_batches, config.ppo_epochs
+    mini_batch_grads = _accumulated_gradients(graphdef, config, shardings)
+
+    def optimizer_step(carry, mini_batch):
+        params, opt_state, frozen, skipped = carry
+        grads, loss, sums = mini_batch_grads(params, frozen, mini_batch)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A non-finite gradient leaves params AND optimizer moments untouched.
+        params = _tree_where(finite, new_params, params)
+        opt_state = _tree_where(finite, new_opt_state, opt_state)
+        skipped = skipped + (~finite).astype(jnp.int32)
+        return (params, opt_state, frozen, skipped), (loss, sums, grad_norm)
+
+    def step(state: TrainState, batch: PackedBatch):
+        batches = _split_rows(batch, mini, micro, mesh)
+        carry = (state.params, state.opt_state, state.frozen, jnp.zeros((), jnp.int32))
+        per_step = []
+        for _ in range(epochs):  # epochs are few; unrolled keeps the scan body simple
+            carry, outputs = jax.lax.scan(optimizer_step, carry, batches)
+            per_step.append(outputs)
+        params, opt_state, frozen, skipped = carry
+        losses, sums, grad_norms = jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
+        # losses: [epochs, mini]; the whole-batch objective of an epoch is its sum over minis.
+        metric_sums = jax.tree.map(lambda x: x.sum() / epochs, sums)
+        metrics = loss_lib.finalize_metrics(metric_sums)
+        applied = mini * epochs - skipped
+        new_state = state.replace(
+            params=params, opt_state=opt_state, step=state.step + 1,
+            optimizer_steps=state.optimizer_steps + applied,
+            skipped_steps=state.skipped_steps + skipped,
+            rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))
+        metrics.update({
+            "loss": losses.sum(axis=-1).mean(),
+            "first_epoch_loss": losses[0].sum(),
+            "grad_norm": grad_norms.mean(),
+            "skipped_updates": skipped,
+            "optimizer_steps": new_state.optimizer_steps,
+        })
+        if lr_schedule is not None:
+            # The lr of the last update this call applied (or would have applied).
+            metrics["learning_rate"] = lr_schedule(jnp.maximum(new_state.optimizer_steps - 1, 0))
+        return new_state, metrics
+
+    batch_sharding = parallel.batch_sharding(mesh)
+    jitted = jax.jit(step, in_shardings=(shardings, batch_sharding),
+                     out_shardings=(shardings, None), donate_argnums=0)
+    multiple = config.row_multiple(mesh)
+
+    def run(state: TrainState, batch: PackedBatch):
+        rows = batch.tokens.shape[0]
+        if rows % multiple:
+            raise ValueError(f"batch has {rows} rows, not a multiple of micro_batches x "
+                             f"ppo_mini_batches x data-parallel devices = {multiple}")
+        if config.loss.kl_coef > 0 and batch.ref_logprobs is None:
+            raise ValueError("LossConfig.kl_coef > 0 but the batch has no ref_logprobs")
+        return jitted(state, jax.device_put(batch, batch_sharding))
+
+    run.jitted = jitted
+    return run

@@ -1,0 +1,43 @@
+"""World assets built by several runs at once (the seeds of a grid) are built once, not raced."""
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PREPARE = """
+import sys
+from matpo_jax.config import load_config_file
+from matpo_jax.data.world_assets import prepare_world
+cfg = load_config_file(sys.argv[1], "data.num_entities=60,data.num_questions=120,model.arch.vocab_size=600")
+assets = prepare_world(cfg, sys.argv[2])
+print(assets.tokenizer_dir, len(assets.chat.tokenizer))
+"""
+
+
+def test_concurrent_runs_share_one_world(tmp_path):
+    config = os.path.join(REPO, "configs", "synthetic_tiny.py")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", PREPARE, config, str(tmp_path)], cwd=REPO,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    last_lines = [out.strip().splitlines()[-1] for out, _ in outs]
+    assert last_lines[0] == last_lines[1]  # the same tokenizer directory and size
+    assert not [n for n in os.listdir(tmp_path / "synthetic_multihop" / os.listdir(
+        tmp_path / "synthetic_multihop")[0]) if n.startswith("incomplete")]
+
+
+def test_datasets_without_a_builder_are_refused_before_any_work(tmp_path):
+    import pytest
+    from matpo_jax.config import ConfigError, apply_overrides, load_config_file
+    from matpo_jax.data.world_assets import prepare_world
+    cfg = load_config_file(os.path.join(REPO, "configs", "qwen3_4b_musique.py"))
+    with pytest.raises(ConfigError) as error:
+        prepare_world(cfg, str(tmp_path))
+    assert "data.name = 'musique': only 'synthetic_multihop'" in str(error.value)
+    cfg = apply_overrides(load_config_file(os.path.join(REPO, "configs", "synthetic_tiny.py")),
+                          {"eval.datasets": ("synthetic_multihop", "frames")})
+    with pytest.raises(ConfigError, match=r"eval.datasets = 'frames'"):
+        prepare_world(cfg, str(tmp_path))
+    assert not os.listdir(tmp_path)

@@ -1,0 +1,141 @@
+"""The whole job on a shrunken synthetic_tiny: world -> SFT -> eval -> MATPO RL -> eval -> plots,
+and exact resume after the process is SIGKILLed in the middle of RL."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from matpo_jax.trainer import checkpoint as ckpt_lib
+from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.config import load_config_file, validate_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
+
+
+def shrink(data_dir: str, rl_steps: int) -> str:
+    """Overrides that make synthetic_tiny run in seconds (tiny model, world and budgets)."""
+    return ",".join([
+        "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
+        "model.arch.num_hidden_layers=1", "model.arch.num_attention_heads=2",
+        "model.arch.num_key_value_heads=1", "model.arch.head_dim=16",
+        "data.num_entities=60", "data.num_questions=240", "data.max_hops=2", "data.batch_size=2",
+        f"data.data_dir={data_dir}",
+        "rollout.group_size=2", "rollout.max_new_tokens_per_turn=24", "rollout.max_turns_planner=2",
+        "rollout.max_turns_worker=2", "rollout.decode_slots=8",
+        "sft.steps=4", "sft.num_demos=16", "sft.batch_size=2",  # step 4: a copy-rehearsal step
+        f"train.steps={rl_steps}", "train.checkpoint_every=1", "train.eval_every=0",
+        "train.async_checkpointing=false", "eval.num_questions=4",
+    ])
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tfds"))
+
+
+def test_synthetic_tiny_runs_end_to_end(tmp_path, data_dir):
+    from matpo_jax.run.experiment import run_experiment
+
+    cfg = validate_config(load_config_file(TINY, shrink(data_dir, rl_steps=2)), jax.device_count())
+    workdir = str(tmp_path / "run")
+    summary = run_experiment(cfg, workdir)
+
+    records = metrics_lib.load_metrics(os.path.join(workdir, "metrics.jsonl"))
+    rl_steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in rl_steps] == [1, 2]
+    for r in rl_steps:
+        assert np.isfinite(r["loss"]) and r["reward/mean"] >= 0.0
+        assert r["rollouts/planner"] == cfg.data.batch_size * cfg.rollout.group_size
+        assert 0.0 < r["packing_efficiency"] <= 1.0
+    # sft.copy_every=4 (the config's): step 4 trained on a copy-rehearsal batch, not logged as SFT
+    assert cfg.sft.copy_every == 4
+    sft_records = metrics_lib.load_metrics(os.path.join(workdir, "sft", "metrics.jsonl"))
+    assert [r["step"] for r in sft_records] == [1, 2, 3]
+    for tag in ("sft", "final"):
+        assert summary[f"{tag}_eval"]["eval/questions"] == 4
+        assert os.path.exists(os.path.join(workdir, "eval", f"{tag}_samples.txt"))
+    assert os.path.exists(os.path.join(workdir, "plots", "overview.png"))
+    with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", "rl")) as c:
+        assert c.latest_step() == 2
+
+
+def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
+    """train.steps=0 stops after SFT; sft.init_checkpoint starts RL from those params (the
+    reproduction grid's shared starting point) without training SFT again."""
+    from matpo_jax.run.experiment import run_experiment
+
+    base = shrink(data_dir, rl_steps=0) + ",sft.modes=matpo+single"
+    start = str(tmp_path / "sft_only")
+    summary = run_experiment(validate_config(load_config_file(TINY, base)), start)
+    assert summary["sft_only"] and not os.path.exists(os.path.join(start, "eval"))
+    shared = os.path.join(start, "checkpoints", "sft")
+    overrides = f"{shrink(data_dir, rl_steps=1)},rollout.mode=single,sft.init_checkpoint={shared}"
+    run = str(tmp_path / "rl")
+    summary = run_experiment(validate_config(load_config_file(TINY, overrides)), run)
+    assert summary["mode"] == "single" and summary["final_eval"]["eval/questions"] == 4
+    assert not os.path.exists(os.path.join(run, "checkpoints", "sft"))  # no SFT of its own
+    assert not metrics_lib.load_metrics(os.path.join(run, "sft", "metrics.jsonl"))  # no SFT step
+
+
+def _train_command(workdir: str, overrides: str) -> list[str]:
+    return [sys.executable, "-m", "matpo_jax.train", f"--config={TINY}:{overrides}",
+            f"--workdir={workdir}"]
+
+
+def _final_params(workdir: str):
+    """The newest RL checkpoint's parameters, read back without a target tree."""
+    directory = os.path.join(workdir, "checkpoints", "rl")
+    with ckpt_lib.Checkpointer(directory) as c:
+        step = c.latest_step()
+    return step, ocp.StandardCheckpointer().restore(os.path.join(directory, str(step), "params"))
+
+
+def _consumed(workdir: str) -> dict[int, list[str]]:
+    out = {}
+    with open(os.path.join(workdir, "consumed.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            out[record["step"]] = record["ids"]  # a redone step overwrites the killed run's
+    return out
+
+
+def test_sigkill_mid_rl_then_rerun_gives_bitwise_identical_params(tmp_path, data_dir):
+    steps, kill_after = 5, 2
+    overrides = shrink(data_dir, rl_steps=steps)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    subprocess.run(_train_command(straight, overrides), check=True, env=env, cwd=REPO,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+
+    proc = subprocess.Popen(_train_command(resumed, overrides), env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = os.path.join(resumed, "checkpoints", "rl", str(kill_after))
+    deadline = time.time() + 600
+    while not os.path.isdir(marker) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not os.path.exists(os.path.join(resumed, "summary.json"))
+
+    subprocess.run(_train_command(resumed, overrides), check=True, env=env, cwd=REPO,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+    step_a, params_a = _final_params(straight)
+    step_b, params_b = _final_params(resumed)
+    assert step_a == step_b == steps
+    leaves_a, leaves_b = jax.tree.leaves(params_a), jax.tree.leaves(params_b)
+    assert len(leaves_a) == len(leaves_b) > 0
+    for a, b in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert _consumed(straight) == _consumed(resumed)
+    assert sorted(_consumed(straight)) == list(range(1, steps + 1))
