@@ -1,4 +1,4 @@
-"""The paper's reference MATPO run (MATPO_SPEC.md section 5), Qwen3-4B on MuSiQue, for a TPU pod.
+"""The paper's reference MATPO run (docs/METHOD.md section 9), Qwen3-4B on MuSiQue, for a TPU pod.
 
   python -m matpo_jax.train --config=configs/qwen3_4b_musique.py:mode=single --workdir=gs://...
 

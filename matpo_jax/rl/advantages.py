@@ -1,4 +1,4 @@
-"""Group-relative advantages and their assignment to rollouts, MATPO_SPEC section 4.
+"""Group-relative advantages and their assignment to rollouts, docs/METHOD.md section 4.
 
 `group_by="planner"` (MATPO): the G planner rollouts of a query form the group; workers are not in
 the statistics and every worker inherits its parent's SCALAR advantage, which packing then puts on

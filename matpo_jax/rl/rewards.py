@@ -1,4 +1,4 @@
-"""Outcome rewards for planner (or single-agent) rollouts, MATPO_SPEC section 3.
+"""Outcome rewards for planner (or single-agent) rollouts, docs/METHOD.md section 3.
 
 Accuracy is judged on the last `\\boxed{...}` the planner itself wrote (its own assistant turns),
 never on tool responses or worker reports, which also enter its context. The format reward is

@@ -1,4 +1,4 @@
-"""Group advantages (MATPO_SPEC section 7 vectors) and their assignment to planners and workers."""
+"""Group advantages (docs/METHOD.md section 10 vectors) and their assignment to planners and workers."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""The objective against MATPO_SPEC section 7, plus the next-token shift and per-role metrics."""
+"""The objective against docs/METHOD.md section 10, plus the next-token shift and per-role metrics."""
 import jax
 import jax.numpy as jnp
 import numpy as np
