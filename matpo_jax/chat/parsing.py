@@ -146,8 +146,6 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
-extract_final_answer = extract_boxed
-
 
 _THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), re.DOTALL)
 

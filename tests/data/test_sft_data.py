@@ -57,7 +57,7 @@ def test_workers_belong_to_their_planner_and_long_groups_are_dropped_whole(setup
 
 
 def test_copy_mask_covers_the_copied_answer_and_only_trainable_tokens(setup):
-    from matpo_jax.chat import extract_final_answer
+    from matpo_jax.chat import extract_boxed
 
     chat, demos = setup
     seqs = demonstration_sequences(chat, demos, max_len=100_000)
@@ -68,7 +68,7 @@ def test_copy_mask_covers_the_copied_answer_and_only_trainable_tokens(setup):
         if conv.role != PLANNER:
             continue
         # the planner's final turn: its boxed answer repeats a worker report, so it is marked
-        answer = extract_final_answer(conv.messages[-1]["content"]).strip()
+        answer = extract_boxed(conv.messages[-1]["content"]).strip()
         ends = np.flatnonzero(~seq.trainable[:-1] & seq.trainable[1:]) + 1
         last = np.arange(len(seq)) >= ends[-1]
         assert answer in chat.decode(seq.tokens[last & seq.copy_mask])
