@@ -40,12 +40,12 @@ def parse_level(value, path, line: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise published.row_error(path, line, f"Level {value!r} is not a number")
     try:
-        level = int(str(value).strip())
+        number = float(str(value).strip())  # 2, "2", 2.0 and "2.0" are all level 2
     except ValueError:
         raise published.row_error(path, line, f"Level {value!r} is not a number") from None
-    if level not in LEVELS:
-        raise published.row_error(path, line, f"Level {level} is not one of {LEVELS}")
-    return level
+    if number not in LEVELS:
+        raise published.row_error(path, line, f"Level {value!r} is not one of {LEVELS}")
+    return int(number)
 
 
 def parse_row(row: dict, path, line: int) -> dict:

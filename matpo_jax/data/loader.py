@@ -4,7 +4,7 @@
     source = question_source("musique", "train", data_dir=DIR, manual_dir=M)  # M/musique/*.jsonl
     loader = make_loader("train", batch_size=8, seed=0, source=source)
     it = iter(loader)
-    batch = next(it)            # {"id": [...], "question": [...], "answer": [...], "hops": [...], "chain": [...]}
+    batch = next(it)            # {"id": [...], "question": [...], "answer": [...], ...}
     state = it.get_state()      # bytes; store it with the checkpoint
     it.set_state(state)         # a restored iterator yields exactly the batches that followed
 

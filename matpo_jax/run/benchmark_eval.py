@@ -14,8 +14,8 @@ the accepted answers) never fail. A rollout without a boxed answer is not_attemp
 the judge.
 
 On disk, in `out_dir`:
-    results.jsonl      one line per question: id, question, answers, categories, and per sample
-                       the prediction, grade, tool calls and worker calls
+    results.jsonl      one line per question: id, question, answers, categories, grader, and per
+                       sample the prediction, grade, tool calls and worker calls
     transcripts.jsonl  one line per sample: the decoded contexts of the planner (or single agent)
                        and of every worker it called
 A batch's lines are appended once the batch is graded, so an interrupted evaluation resumes at the
@@ -74,7 +74,8 @@ def categories_of(dataset: str, record: dict) -> dict[str, list[str]]:
     if dataset == "frames":
         return {"reasoning_type": [_label(t) for t in record["reasoning_types"]]}
     if dataset == "webwalkerqa":
-        return {"difficulty": [_label(record["difficulty_level"])], "type": [_label(record["type"])]}
+        return {"difficulty": [_label(record["difficulty_level"])],
+                "type": [_label(record["type"])]}
     if "hops" in record:
         return {"hops": [str(record["hops"])]}
     return {}
@@ -257,11 +258,12 @@ def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: Rollout
     transcripts_path = os.path.join(out_dir, TRANSCRIPTS_FILE)
     earlier = _read_results(results_path)
     wanted = {q.id for q in questions}
-    for result in earlier:
-        if len(result["samples"]) != samples:
+    for result in earlier:  # one directory, one way of sampling and grading
+        if len(result["samples"]) != samples or result.get("grader") != grader.method:
             raise ValueError(f"{results_path}: question {result['id']!r} has "
-                             f"{len(result['samples'])} samples, this run asks for {samples}; "
-                             f"evaluate into another directory")
+                             f"{len(result['samples'])} samples graded by "
+                             f"{result.get('grader')}, this run asks for {samples} graded by "
+                             f"{grader.method}; evaluate into another directory")
     done = {r["id"]: r for r in earlier if r["id"] in wanted}
     _keep_transcripts_of(transcripts_path, {r["id"] for r in earlier})
     if regrade_failures and any(s["grade"] is None for r in earlier for s in r["samples"]):
@@ -282,7 +284,7 @@ def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: Rollout
         new_results, transcripts = [], []
         for i, (q, row) in enumerate(zip(batch, outcomes)):
             result = {"id": q.id, "question": q.question, "answers": q.answers,
-                      "categories": q.categories, "samples": []}
+                      "categories": q.categories, "grader": grader.method, "samples": []}
             for s, outcome in enumerate(row):
                 grade = grades[i * samples + s]
                 result["samples"].append({"prediction": outcome.prediction, "grade": grade,

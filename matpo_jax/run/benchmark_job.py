@@ -5,10 +5,11 @@
 
 From the config: the model (`model.*`, restored from the checkpoint), its tokenizer
 (`model.tokenizer`, `model.hf_checkpoint` or a Hugging Face checkpoint; else the synthetic
-world's, which a model trained here on the world speaks), the rollout settings (`rollout.*`, temperature `eval.temperature`), the tools (`tools.*`; the local search
-service needs a corpus: `corpus`, else MuSiQue's paragraphs or the synthetic world's pages when
-those are evaluated), the data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge
-(`reward.judge_url`, `reward.judge_model`, `reward.judge_api_key_env`). Output per dataset in
+world's, which a model trained here on the world speaks), the rollout settings (`rollout.*`,
+temperature `eval.temperature`), the tools (`tools.*`; the local search service needs a corpus:
+`corpus`, else MuSiQue's paragraphs or the synthetic world's pages when those are evaluated), the
+data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge (`reward.judge_url`,
+`reward.judge_model`, `reward.judge_api_key_env`). Output per dataset in
 <workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md.
 """
 from __future__ import annotations

@@ -72,7 +72,8 @@ def test_unknown_names_and_splits_and_missing_files(data_dir, tmp_path):
     with pytest.raises(ValueError, match="dataset 'hotpotqa' has no builder; known: "
                                          "synthetic_multihop, musique, frames, webwalkerqa, gaia"):
         loader.open_dataset("hotpotqa", data_dir=data_dir)
-    with pytest.raises(ValueError, match=r"dataset 'frames' has no split 'train'; it has \['test'\]"):
+    with pytest.raises(ValueError, match=r"dataset 'frames' has no split 'train'; "
+                                         r"it has \['test'\]"):
         loader.question_source("frames", "train", data_dir=data_dir, manual_dir=FIXTURES)
     # <manual_dir>/<name>/ is where the files are looked for
     with pytest.raises(published.DatasetFileError, match=str(tmp_path / "frames")):

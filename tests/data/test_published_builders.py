@@ -166,7 +166,7 @@ def test_gaia_text_and_all_configs_with_levels_as_ints(data_dir):
     text = gaia.prepare_dataset("text", manual_dir=FIXTURES / "gaia", data_dir=data_dir)
     records = rows(text, "validation")
     assert [(r["id"][:8], r["level"]) for r in records] == [
-        ("c61d22de", 2), ("17b5a6a3", 1), ("8e867cd7", 3)]  # Level 2, "1", "3"
+        ("c61d22de", 2), ("17b5a6a3", 1), ("8e867cd7", 3)]  # Level 2, "1", "3.0"
     assert all(r["file_name"] == "" for r in records)
     assert records[1]["answers"] == ["3"]
     assert json.loads(records[1]["annotator_metadata"])["Number of steps"] == "3"

@@ -163,6 +163,9 @@ def test_interrupted_evaluation_resumes_where_it_stopped(tmp_path):
     assert summary["all"].not_attempted == pytest.approx(2 / 7 / 2)
     assert summary["all"].tool_calls == pytest.approx(2.0)
     assert list(summary) == ["all", "level 1", "level 2", "level 3"]
-    # A rerun with another K would mix incomparable samples.
-    with pytest.raises(ValueError, match="has 2 samples, this run asks for 3"):
+    # A rerun with another K or another grader would mix incomparable results.
+    with pytest.raises(ValueError, match="has 2 samples graded by exact, this run asks for 3 "
+                                         "graded by exact"):
         be.evaluate_dataset(QUESTIONS, policy, grader, samples=3, out_dir=str(out))
+    with pytest.raises(ValueError, match="this run asks for 2 graded by f1"):
+        be.evaluate_dataset(QUESTIONS, policy, be.Grader("f1"), samples=K, out_dir=str(out))
