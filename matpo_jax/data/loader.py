@@ -1,13 +1,18 @@
 """Question batches for training and evaluation: grain over a TFDS `data_source` (no TensorFlow).
 
     loader = make_loader("train", batch_size=8, seed=0, data_dir=DIR)
+    source = question_source("musique", "train", data_dir=DIR, manual_dir=M)  # M/musique/*.jsonl
+    loader = make_loader("train", batch_size=8, seed=0, source=source)
     it = iter(loader)
-    batch = next(it)            # {"id": [...], "question": [...], "answer": [...], "hops": [...], "chain": [...]}
+    batch = next(it)            # {"id": [...], "question": [...], "answer": [...], ...}
     state = it.get_state()      # bytes; store it with the checkpoint
     it.set_state(state)         # a restored iterator yields exactly the batches that followed
 
 The order is a pure function of (seed, epoch, position), so restoring a state reproduces the
-stream exactly. Records are decoded to str in the loader, so batches are plain python values.
+stream exactly. Records are decoded in the loader (text to str, sequences to lists, numbers to
+int/bool), so batches are plain python values. Every dataset's records have `id` and `question`;
+the accepted answers are `answers_of(record)` (the published benchmarks' `answers` list, the
+synthetic world's one `answer`).
 """
 from __future__ import annotations
 
@@ -19,16 +24,44 @@ import grain.python as grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from matpo_jax.data import synthetic_multihop
+from matpo_jax.data import frames, gaia, musique, synthetic_multihop, webwalkerqa
 
 TEXT_FIELDS = ("id", "question", "answer", "chain")
+SYNTHETIC = "synthetic_multihop"
+# name -> (module with prepare_dataset, default config, the split a benchmark evaluates on)
+PUBLISHED = {
+    "musique": (musique, "ans", "validation"),
+    "frames": (frames, None, "test"),
+    "webwalkerqa": (webwalkerqa, None, "main"),
+    "gaia": (gaia, "text", "validation"),
+}
+DATASET_NAMES = (SYNTHETIC, *PUBLISHED)
+
+
+def _plain(value: Any) -> Any:
+    """tfds values as python: bytes -> str, arrays and lists -> lists, numpy scalars -> python."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 def decode_record(record: dict[str, Any]) -> dict[str, Any]:
-    """A raw data_source record with its tfds Text (bytes) fields as str and hops as int."""
-    out = {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in record.items()}
-    out["hops"] = int(out["hops"])
+    """A raw data_source record as python values (Text as str, hops as int)."""
+    out = _plain(record)
+    if "hops" in out:
+        out["hops"] = int(out["hops"])
     return out
+
+
+def answers_of(record: dict[str, Any]) -> list[str]:
+    """The accepted answers of a decoded record of any dataset, the canonical one first."""
+    return list(record["answers"]) if "answers" in record else [record["answer"]]
 
 
 class _DecodeRecord(grain.MapTransform):
@@ -50,6 +83,37 @@ def open_source(config: str | synthetic_multihop.SyntheticMultihopConfig = "defa
         synthetic_multihop.prepare_dataset(config, data_dir)
     name = config if isinstance(config, str) else config.name
     return tfds.data_source(f"synthetic_multihop/{name}", data_dir=data_dir, download=False)
+
+
+def open_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
+                 manual_dir: str | os.PathLike | None = None, config=None, prepare: bool = True):
+    """The split -> random-access source mapping of any dataset by its `data.name`.
+
+    Published benchmarks are built (once) from `<manual_dir>/<name>/`, the files as the dataset
+    publishes them; a prepared one is reused without its files. config: a builder config or its
+    name (default: musique `ans`, gaia `text`; for synthetic_multihop the world's config).
+    """
+    if name == SYNTHETIC:
+        return open_source(config if config is not None else "default", data_dir, prepare)
+    if name not in PUBLISHED:
+        raise ValueError(f"dataset {name!r} has no builder; known: {', '.join(DATASET_NAMES)}")
+    module, default_config, _ = PUBLISHED[name]
+    config = default_config if config is None else config
+    if prepare:
+        own_dir = None if manual_dir is None else os.path.join(manual_dir, name)
+        module.prepare_dataset(config, manual_dir=own_dir, data_dir=data_dir)
+    config_name = config if config is None or isinstance(config, str) else config.name
+    full_name = name if config_name is None else f"{name}/{config_name}"
+    return tfds.data_source(full_name, data_dir=data_dir, download=False)
+
+
+def question_source(name: str, split: str | None = None, **kwargs):
+    """One split of `open_dataset(name, **kwargs)`; None: the split a benchmark evaluates on."""
+    sources = open_dataset(name, **kwargs)
+    split = split or (PUBLISHED[name][2] if name in PUBLISHED else "validation")
+    if split not in sources:
+        raise ValueError(f"dataset {name!r} has no split {split!r}; it has {sorted(sources)}")
+    return sources[split]
 
 
 class SubsetSource:

@@ -1,0 +1,214 @@
+"""`python -m matpo_jax.evaluate`: a config and a checkpoint -> benchmark results and a table.
+
+    run_benchmarks(cfg, BenchmarkOptions(datasets=["gaia", "frames"], samples=4,
+                                         checkpoint="runs/x", workdir="runs/x/bench"))
+
+From the config: the model (`model.*`, restored from the checkpoint), its tokenizer
+(`model.tokenizer`, `model.hf_checkpoint` or a Hugging Face checkpoint; else the synthetic
+world's, which a model trained here on the world speaks), the rollout settings (`rollout.*`,
+temperature `eval.temperature`), the tools (`tools.*`; the local search service needs a corpus:
+`corpus`, else MuSiQue's paragraphs or the synthetic world's pages when those are evaluated), the
+data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge (`reward.judge_url`,
+`reward.judge_model`, `reward.judge_api_key_env`). Output per dataset in
+<workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+from typing import Sequence
+
+import jax
+from flax import nnx
+
+from matpo_jax.chat import ChatFormat
+from matpo_jax.data import loader as loader_lib
+from matpo_jax.data import musique
+from matpo_jax.data import world_assets as world_assets_lib
+from matpo_jax.rl.judge import JudgeConfig, LLMJudge
+from matpo_jax.run import benchmark_eval, benchmark_report
+from matpo_jax.run.runtime import build_model, make_mesh, make_toolbox, rollout_config
+from matpo_jax.tools.search_server import SearchServer
+from matpo_jax.trainer import checkpoint as ckpt_lib
+
+log = logging.getLogger(__name__)
+ALIASES = {"gaia_text": "gaia/text"}  # config/schema.py's spelling of GAIA's text subset
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkOptions:
+    datasets: Sequence[str]  # data.name values, optionally with a config: "gaia/all"
+    workdir: str
+    checkpoint: str | None = None  # run dir, Orbax checkpoint dir or step, or HF directory
+    samples: int = 1  # K answers per question (avg@K, pass@K)
+    grader: str | None = None  # exact | f1 | judge; None: reward.method
+    judge_url: str | None = None  # None: reward.judge_url
+    split: str | None = None  # None: the benchmark's own split (eval.split for synthetic)
+    num_questions: int = 0  # the first N of the split; 0: all
+    corpus: str | None = None  # JSONL corpus for the local search service
+    batch_size: int | None = None  # questions per rollout batch; None: decode_slots // samples
+    temperature: float | None = None  # None: eval.temperature
+
+
+def parse_dataset(spec: str) -> tuple[str, str | None]:
+    """"gaia/all" -> ("gaia", "all"); "frames" -> ("frames", None)."""
+    spec = ALIASES.get(spec, spec)
+    name, _, config = spec.partition("/")
+    if name not in loader_lib.DATASET_NAMES:
+        raise ValueError(f"dataset {spec!r}: known datasets are "
+                         f"{', '.join(loader_lib.DATASET_NAMES)}")
+    return name, config or None
+
+
+# ----------------------------------------------------------------------------- the model
+
+def checkpoint_directory(path: str) -> tuple[str, int | None]:
+    """(Orbax manager directory, step or None for the newest) of a run dir, a manager dir or a
+    step dir (<manager>/<step>)."""
+    for phase in ("rl", "sft"):  # a run's workdir: its newest phase
+        candidate = os.path.join(path, "checkpoints", phase)
+        if os.path.isdir(candidate) and any(n.isdigit() for n in os.listdir(candidate)):
+            return candidate, None
+    name = os.path.basename(os.path.normpath(path))
+    if name.isdigit():
+        return os.path.dirname(os.path.normpath(path)), int(name)
+    return path, None
+
+
+def restore_model(cfg, mesh, checkpoint: str | None):
+    """(graphdef, model state) of `model.*` with the checkpoint's parameters. A directory with a
+    config.json is a Hugging Face checkpoint; anything else is read as an Orbax checkpoint of this
+    code's trainer (only the parameters; the optimizer state is not read)."""
+    if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")):
+        cfg = cfg.copy_and_resolve_references()
+        with cfg.unlocked():
+            cfg.model.hf_checkpoint = checkpoint
+        return nnx.split(build_model(cfg, mesh))
+    graphdef, params, frozen = nnx.split(build_model(cfg, mesh), nnx.Param, ...)
+    if checkpoint:
+        directory, step = checkpoint_directory(checkpoint)
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"--checkpoint {checkpoint}: no such directory")
+        with ckpt_lib.Checkpointer(directory, async_save=False) as checkpoints:
+            step = checkpoints.latest_step() if step is None else step
+            if step is None:
+                raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoint in {directory}")
+            params = checkpoints.restore(step, params).params
+        log.info("restored parameters of step %d from %s", step, directory)
+    return graphdef, nnx.merge_state(params, frozen)
+
+
+# ----------------------------------------------------------------------------- the pieces
+
+def tokenizer_dir(cfg, checkpoint: str | None = None) -> str | None:
+    """Where the tokenizer is: `model.tokenizer`, `model.hf_checkpoint` or a Hugging Face
+    `checkpoint` (the first with a tokenizer.json); None: the synthetic world's own."""
+    for path in (cfg.model.tokenizer, cfg.model.hf_checkpoint, checkpoint):
+        if path and os.path.exists(os.path.join(path, "tokenizer.json")):
+            return path
+    return None
+
+
+def make_grader(cfg, options: BenchmarkOptions) -> benchmark_eval.Grader:
+    method = options.grader or cfg.reward.method
+    if method != "judge":
+        return benchmark_eval.Grader(method, f1_threshold=float(cfg.reward.f1_threshold))
+    url = options.judge_url or cfg.reward.judge_url
+    if not url:
+        raise ValueError("grader 'judge' needs an endpoint: --judge_url or reward.judge_url")
+    return benchmark_eval.Grader("judge", judge=LLMJudge(JudgeConfig(
+        base_url=url, model=cfg.reward.judge_model, api_key_env=cfg.reward.judge_api_key_env)))
+
+
+def load_questions(cfg, name: str, config, options: BenchmarkOptions, data_dir: str):
+    if name == loader_lib.SYNTHETIC:
+        config = world_assets_lib.world_config(cfg)
+    split = options.split or (cfg.eval.split if name == loader_lib.SYNTHETIC else None)
+    source = loader_lib.question_source(name, split, data_dir=data_dir,
+                                        manual_dir=cfg.data.manual_dir, config=config)
+    count = len(source) if options.num_questions <= 0 else min(len(source), options.num_questions)
+    records = [loader_lib.decode_record(source[i]) for i in range(count)]
+    return benchmark_eval.benchmark_questions(name, records)
+
+
+def _corpus(cfg, options, specs, data_dir, world_assets) -> str | None:
+    """The corpus the local search service serves (None: the tools are remote)."""
+    if cfg.tools.search_backend != "local" or cfg.tools.search_url:
+        return None
+    if options.corpus:
+        return options.corpus
+    for name, config in specs:
+        if name == "musique":
+            builder = musique.prepare_dataset(config or "ans", data_dir=data_dir, manual_dir=(
+                os.path.join(cfg.data.manual_dir, "musique") if cfg.data.manual_dir else None))
+            return musique.corpus_path(builder)
+        if name == loader_lib.SYNTHETIC:
+            return world_assets.corpus_path
+    raise ValueError("tools.search_backend='local' needs a corpus to search: pass --corpus "
+                     "(JSONL of id/title/contents), or set tools.search_url to a search service")
+
+
+def _output_name(name: str, config) -> str:
+    config = config if config is None or isinstance(config, str) else config.name
+    return name if not config else re.sub(r"\W", "_", f"{name}_{config}")
+
+
+# ----------------------------------------------------------------------------- the job
+
+def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
+    """Evaluates every dataset of `options` and writes <workdir>/report.md; returns the numbers
+    per dataset and group (benchmark_report.GroupSummary as dicts)."""
+    specs = [parse_dataset(spec) for spec in options.datasets]
+    if options.samples < 1:
+        raise ValueError(f"--samples={options.samples} must be >= 1")
+    os.makedirs(options.workdir, exist_ok=True)
+    data_dir = cfg.data.data_dir or os.path.join(options.workdir, "tfds")
+    tokenizer = tokenizer_dir(cfg, options.checkpoint)
+    world_assets = None
+    if tokenizer is None or any(name == loader_lib.SYNTHETIC for name, _ in specs):
+        # a model trained here on the synthetic world speaks the world's tokenizer
+        world_assets = world_assets_lib.prepare_world(cfg, data_dir)
+    chat = ChatFormat.from_pretrained(tokenizer) if tokenizer else world_assets.chat
+    questions = {(name, config): load_questions(cfg, name, config, options, data_dir)
+                 for name, config in specs}
+    grader = make_grader(cfg, options)
+    mesh = make_mesh(cfg)
+    graphdef, model_state = restore_model(cfg, mesh, options.checkpoint)
+    rollout_cfg = dataclasses.replace(rollout_config(cfg, evaluation=True),
+                                      group_size=options.samples)
+    if options.temperature is not None:
+        rollout_cfg = dataclasses.replace(rollout_cfg, temperature=float(options.temperature))
+    if options.samples > 1 and rollout_cfg.temperature == 0:
+        log.warning("%d samples at temperature 0 are %d copies of one answer: set "
+                    "--temperature (or eval.temperature) above 0 for avg@K / pass@K",
+                    options.samples, options.samples)
+    batch_size = options.batch_size or max(1, int(cfg.rollout.decode_slots) // options.samples)
+    corpus = _corpus(cfg, options, specs, data_dir, world_assets)
+
+    summaries = {}
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(SearchServer(corpus)) if corpus else None
+        if server is not None:
+            log.info("local search service over %s", corpus)
+        toolbox = make_toolbox(cfg, server.url if server is not None else None)
+        for (name, config), qs in questions.items():
+            label = _output_name(name, config)
+            sample = benchmark_eval.rollout_sampler(model_state, graphdef, chat, toolbox,
+                                                    rollout_cfg, int(cfg.train.seed), label)
+            results = benchmark_eval.evaluate_dataset(
+                qs, sample, grader, samples=options.samples,
+                out_dir=os.path.join(options.workdir, label), batch_size=batch_size,
+                decode=chat.decode)
+            summaries[label] = benchmark_report.summarize(results)
+            log.info("%s: avg@%d %.3f over %d questions", label, options.samples,
+                     summaries[label][benchmark_report.ALL].avg_at_k, len(results))
+    if jax.process_index() == 0:
+        header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}; "
+                  f"mode: {rollout_cfg.mode}; samples: {options.samples}; temperature: "
+                  f"{rollout_cfg.temperature:g}; grader: {grader.method}")
+        benchmark_report.write_report(options.workdir, summaries, header)
+    return {label: {group: dataclasses.asdict(s) for group, s in groups.items()}
+            for label, groups in summaries.items()}
