@@ -1,7 +1,7 @@
 """Shared decode batching of planner and worker rollouts vs running the roles one after another.
 
 Both arms run the same rollout engine over the same batch, model, search server and slots; the
-only difference is `RolloutConfig.mix_roles`:
+only difference is `EngineOptions.mix_roles`:
 - mixed (ours): planner and worker sequences share the decode batch; a planner waiting on its
   workers gives up its slot and any waiting sequence of either role takes a free slot;
 - phased (baseline): one role decodes at a time: all ready planner turns, then all ready workers
@@ -10,7 +10,7 @@ only difference is `RolloutConfig.mix_roles`:
 A third arm is the mixed one with `reuse_prefixes=False` (every prompt prefilled in full), to
 measure what starting slots from shared prompt prefixes saves.
 
-The policy is a Qwen3 fitted to scripted dialogues (tests/agents_rollout/scripted_agents.py) and
+The policy is a Qwen3 fitted to scripted dialogues (tests/agents/scripted_agents.py) and
 decoded greedily, so all arms produce identical trajectories (checked) and do the same work; it
 is fitted at two sizes (the rollout tests' tiny model, the demo's architecture) and for two
 lengths of worker reasoning. Worker lengths vary the way real tool loops do: each planner
@@ -37,11 +37,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "agents_rollout"))  # the scripted-policy helpers
+sys.path.insert(0, str(ROOT / "tests" / "agents"))  # the scripted-policy helpers
 
 from matpo_jax import sampler  # noqa: E402
 from matpo_jax import tools  # noqa: E402
-from matpo_jax.agents.rollout import RolloutConfig, run_rollouts  # noqa: E402
+from matpo_jax.agents.rollout import EngineOptions, run_rollouts  # noqa: E402
+from matpo_jax.config import RolloutSection  # noqa: E402
 from matpo_jax.tools.search_server import SearchServer  # noqa: E402
 from matpo_jax.config import load_config_file  # noqa: E402
 from scripted_agents import CORPUS, PlannerScript, WorkerScript, scripted_policy  # noqa: E402
@@ -93,13 +94,16 @@ def buckets(max_context: int) -> tuple[int, ...]:
                  ) + (max_context,)
 
 
-def rollout_config(max_context: int, max_new_tokens: int) -> RolloutConfig:
-    return RolloutConfig(
-        mode="matpo", group_size=2, slots=12, max_context=max_context,
-        max_new_tokens=max_new_tokens, max_turns_planner=ROUNDS + 1,
+def rollout_config(max_context: int, max_new_tokens: int) -> RolloutSection:
+    return RolloutSection(
+        mode="matpo", group_size=2, decode_slots=12, max_context=max_context,
+        max_new_tokens_per_turn=max_new_tokens, max_turns_planner=ROUNDS + 1,
         max_turns_worker=len(LONG.calls) + 1, report_max_chars=300, temperature=0.0,
-        user_query_recap=False,  # recap off: workers are shared across questions
-        injection_buckets=buckets(max_context))
+        user_query_recap=False)  # recap off: workers are shared across questions
+
+
+def engine_options(config: RolloutSection, **overrides) -> EngineOptions:
+    return EngineOptions(injection_buckets=buckets(config.max_context), **overrides)
 
 
 WORKLOADS = {  # name -> (worker reasoning per tool call, rollout config)
@@ -111,10 +115,10 @@ WORKLOADS = {  # name -> (worker reasoning per tool call, rollout config)
 DEMO_ARCH = {k: v for k, v in load_config_file(ROOT / "configs" / "synthetic_tiny.py")
              .model.arch.items() if k not in ("vocab_size", "max_position_embeddings")}
 MODELS = {"tiny (test) model": ({}, 1e-2), "demo-size model": (DEMO_ARCH, 3e-3)}
-ARMS = {  # name -> RolloutConfig overrides
-    "mixed": dict(mix_roles=True),
-    "phased": dict(mix_roles=False),
-    "mixed, prefixes prefilled per sequence": dict(mix_roles=True, reuse_prefixes=False),
+ARMS = {  # name -> (RolloutSection overrides, EngineOptions overrides)
+    "mixed": ({}, dict(mix_roles=True)),
+    "phased": ({}, dict(mix_roles=False)),
+    "mixed, prefixes prefilled per sequence": (dict(reuse_prefixes=False), dict(mix_roles=True)),
 }
 HEADLINE = ("demo-size model", "long reasoning")
 
@@ -148,11 +152,13 @@ def run_case(toolbox, model_name, architecture, fit_lr, workload, think, config)
     print(f"[{model_name}, {workload}] fitted the scripted policy in {fit_s:.1f}s "
           f"(margin {policy.margin:.2f})", flush=True)
     questions = [p.question for p in PLANNERS]
-    arms = {name: dataclasses.replace(config, **overrides) for name, overrides in ARMS.items()}
+    arms = {name: (dataclasses.replace(config, **section), engine_options(config, **options))
+            for name, (section, options) in ARMS.items()}
 
-    def run(cfg):
+    def run(arm):
+        cfg, options = arm
         return run_rollouts(policy.state, policy.graphdef, policy.chat, toolbox, questions, cfg,
-                            jax.random.key(0))
+                            jax.random.key(0), options)
 
     warm = {name: run(cfg) for name, cfg in arms.items()}  # compile once, check the work
     for name in arms:
@@ -183,11 +189,11 @@ def check_same_work(a, b) -> None:
     assert all(r.finish_reason == "answer" for r in a.rollouts), "the policy left its script"
 
 
-def summarise(runs, batch, config: RolloutConfig) -> dict:
+def summarise(runs, batch, config: RolloutSection) -> dict:
     arms = {}
     for name in runs:
         for metrics in runs[name]:
-            metrics["decode_positions"] = config.slots * metrics["decode_steps"]
+            metrics["decode_positions"] = config.decode_slots * metrics["decode_steps"]
         arms[name] = {key: statistics.median(m[key] for m in runs[name]) for key in (
             "rollouts_per_s", "slot_utilisation", "wall_time_s", "decode_steps",
             "decode_positions", "host_calls", "sampled_tokens", "prefill_tokens", "prefix_tokens",
@@ -201,10 +207,12 @@ def summarise(runs, batch, config: RolloutConfig) -> dict:
         "arms": arms,
         "batch": {"questions": len(PLANNERS), "group_size": config.group_size,
                   "planner_rollouts": batch.metrics["num_top_level"],
-                  "worker_rollouts": batch.metrics["num_workers"], "slots": config.slots,
-                  "max_context": config.max_context, "max_new_tokens": config.max_new_tokens,
+                  "worker_rollouts": batch.metrics["num_workers"], "slots": config.decode_slots,
+                  "max_context": config.max_context,
+                  "max_new_tokens": config.max_new_tokens_per_turn,
                   "worker_tool_calls": {"long": len(LONG.calls), "short": len(SHORT.calls)},
-                  "lanes": config.injection_lanes or sampler.default_lanes(config.slots)},
+                  "lanes": (engine_options(config).injection_lanes
+                            or sampler.default_lanes(config.decode_slots))},
     }
 
 

@@ -9,6 +9,7 @@ Writes benchmarks/results/sft_proxy/TAG/result.json (and the run's SFT checkpoin
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ sys.path.insert(0, REPO)
 
 from matpo_jax.report import metrics as metrics_lib  # noqa: E402
 from matpo_jax.tools.search_server import SearchServer  # noqa: E402
-from matpo_jax.config import load_config_file  # noqa: E402
+from matpo_jax.config import load_config_file, to_typed  # noqa: E402
 from matpo_jax.data import loader as loader_lib  # noqa: E402
 from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts  # noqa: E402
 from matpo_jax.run.evaluation import evaluate  # noqa: E402
@@ -41,7 +42,8 @@ ROWS = 8  # demonstrations per forward pass
 def main() -> None:
     tag, override = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
     neval = int(os.environ.get("NEVAL", "32"))
-    cfg = load_config_file(os.path.join(REPO, "configs", "synthetic_tiny.py"), override or None)
+    cfg = to_typed(load_config_file(os.path.join(REPO, "configs", "synthetic_tiny.py"),
+                                    override or None))
     work = os.path.join(REPO, "benchmarks", "results", "sft_proxy", tag)
     os.makedirs(work, exist_ok=True)
     out = {"tag": tag, "override": override}
@@ -49,7 +51,7 @@ def main() -> None:
     assets = prepare_world(cfg, os.environ.get("TFDS", "/tmp/matpo_tfds"))
     with SearchServer(assets.corpus_path) as server:
         rt = Runtime(cfg=cfg, workdir=work, mesh=make_mesh(cfg), assets=assets, chat=assets.chat,
-                     toolbox=make_toolbox(cfg, server.url))
+                     toolbox=make_toolbox(cfg.tools, server.url))
         seqs = build_sft_sequences(rt)
         lengths = [len(s) for s in seqs]
         out.update(prep_s=time.time() - started, num_seqs=len(seqs),
@@ -67,7 +69,7 @@ def main() -> None:
         print("tok", tokens, flush=True)
         print("teacher-forced", turns, flush=True)
         if neval > 0:
-            cfg.eval.num_questions = neval
+            rt.cfg = cfg.replace(eval=dataclasses.replace(cfg.eval, num_questions=neval))
             wall = time.time()
             metrics = evaluate(rt, graphdef, params, tag="greedy")
             out["eval_s"] = time.time() - wall

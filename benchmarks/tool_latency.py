@@ -1,6 +1,6 @@
 """Slow tools: rollouts that wait for every tool call vs tools run in the background.
 
-A remote search API answers in hundreds of milliseconds. With `RolloutConfig.async_tools=False`
+A remote search API answers in hundreds of milliseconds. With `rollout.async_tools=False`
 a host call runs the tool calls of the turns that just ended and the whole decode batch waits for
 them; with `async_tools=True` the calls run in the background, each waiting agent gives up its
 slot, and the batch decodes on. Same engine, batch, scripted policy and workload as
@@ -29,7 +29,7 @@ import jax  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # benchmarks/rollout.py
 
 from rollout import (CORPUS, PLANNERS, RESULTS, SHORT_THINK, check_same_work,  # noqa: E402
-                     rollout_config, scripted_policy)
+                     engine_options, rollout_config, scripted_policy)
 
 from matpo_jax import tools  # noqa: E402
 from matpo_jax.agents.rollout import run_rollouts  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> None:
 
                 def run(cfg):
                     return run_rollouts(policy.state, policy.graphdef, policy.chat, toolbox,
-                                        questions, cfg, jax.random.key(0))
+                                        questions, cfg, jax.random.key(0), engine_options(cfg))
 
                 warm = {name: run(cfg) for name, cfg in arms.items()}
                 check_same_work(*warm.values())

@@ -1,7 +1,8 @@
 """The default experiment: a small MATPO run on the synthetic multi-hop world, sized for a CPU.
 
-Every field and its default is declared, with a comment, in `matpo_jax.config.base_config()` (the
-schema that `validate_config` checks every experiment against); other config files start from it.
+Every field is declared once, with its default, type, allowed values and a line of help, in
+matpo_jax/config/sections.py; `base_config()` is the ConfigDict view of those declarations, and
+other config files start from it.
 
   python -m matpo_jax.train --config=configs/base.py --workdir=runs/base
   python -m matpo_jax.train --config=configs/base.py:rollout.mode=single,train.seed=1 --workdir=...

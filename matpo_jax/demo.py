@@ -1,6 +1,7 @@
 """`make demo`: the embedded default end to end, then a short table a person can read.
 
-    python -m matpo_jax.demo --workdir=runs/demo [--config=configs/synthetic_tiny.py]
+    python -m matpo_jax.demo --workdir=runs/demo [--config=configs/synthetic_tiny.py] \
+        [--config.train.steps=10 ...]
 
 Builds the synthetic research world, starts the local search service, warm-starts a tiny Qwen3 on
 oracle demonstrations of both roles, trains it with MATPO, evaluates before and after RL, and
@@ -12,12 +13,13 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import app
 
 from matpo_jax import config as config_lib
 
-_CONFIG = flags.DEFINE_string("config", "configs/synthetic_tiny.py", "Experiment config file[:arg].")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Run directory.")
+# The same command line as train (--config.a.b=v overrides, --allow_config_change, --verbose).
+_RUN = config_lib.define_run_flags(default_config="configs/synthetic_tiny.py",
+                                   default_workdir="runs/demo")
 
 ROWS = (("accuracy", "eval/accuracy"), ("  1 hop", "eval/accuracy_hop1"),
         ("  2 hops", "eval/accuracy_hop2"), ("  3 hops", "eval/accuracy_hop3"),
@@ -38,16 +40,21 @@ def results_table(sft_eval: dict, final_eval: dict) -> str:
     return "\n".join(lines)
 
 
+@config_lib.one_line_errors
 def main(argv):
     del argv
+    cfg = config_lib.config_from_flags(_RUN.config)
+    workdir = config_lib.check_workdir(_RUN.workdir.value)
+    config_lib.check_resume(cfg, workdir, _RUN.allow_config_change.value)
     from matpo_jax.report import logs
-    logs.configure()
-    path, _, arg = _CONFIG.value.partition(":")
-    cfg = config_lib.validate_config(config_lib.load_config_file(path, arg or None))
+    logs.configure(verbose=_RUN.verbose.value)
+    import jax
+
+    cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())
     from matpo_jax.run.experiment import run_experiment
 
     start = time.time()
-    summary = run_experiment(cfg, _WORKDIR.value)
+    summary = run_experiment(cfg, workdir, allow_config_change=_RUN.allow_config_change.value)
     print()
     print(results_table(summary["sft_eval"], summary["final_eval"]))
     print(f"\nquestions: {int(summary['final_eval'].get('eval/questions', 0))} "
@@ -58,4 +65,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(app.run(main))
+    sys.exit(app.run(main, flags_parser=config_lib.flags_parser))

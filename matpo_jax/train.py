@@ -2,10 +2,13 @@
 
     python -m matpo_jax.train --config=configs/synthetic_tiny.py --workdir=runs/tiny
     python -m matpo_jax.train --config=configs/synthetic_repro.py:mode=single,noise=0.6 --workdir=...
+    python -m matpo_jax.train --config=configs/base.py --config.rl.lr=3e-4 --workdir=...
 
 Re-running the same command resumes from the newest checkpoint of whichever phase was running:
 parameters, optimizer state, step, RNG and the data-iterator position all come back, so a run
-killed at any point ends with the same parameters as one that never stopped.
+killed at any point ends with the same parameters as one that never stopped. A rerun with another
+config is refused (one line per changed field); --allow_config_change=train.steps,... accepts
+changes of the total steps and cadences. User errors are one line and exit 2 (--verbose: traceback).
 """
 from __future__ import annotations
 
@@ -15,25 +18,27 @@ from absl import app, flags, logging
 
 from matpo_jax import config as config_lib
 
-_CONFIG, _WORKDIR = config_lib.define_flags()
+_RUN = config_lib.define_run_flags()
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pods).")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Keep third-party INFO logs (Orbax, TFDS...).")
 
 
+@config_lib.one_line_errors
 def main(argv):
     del argv
-    if _WORKDIR.value is None:
-        raise app.UsageError("--workdir is required")
+    # Everything that can be checked without jax first: a bad command line fails in a second.
+    cfg = config_lib.config_from_flags(_RUN.config)
+    workdir = config_lib.check_workdir(_RUN.workdir.value)
+    config_lib.check_resume(cfg, workdir, _RUN.allow_config_change.value)
     from matpo_jax.report import logs
-    logs.configure(verbose=_VERBOSE.value)
+    logs.configure(verbose=_RUN.verbose.value)
     from matpo_jax import parallel
     if _MULTIHOST.value:
         parallel.maybe_initialize_distributed(force=True)
     import jax
 
-    cfg = config_lib.config_from_flags(_CONFIG, jax.device_count())
+    cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())  # + the mesh check
     from matpo_jax.run.experiment import run_experiment
-    summary = run_experiment(cfg, _WORKDIR.value)
+    summary = run_experiment(cfg, workdir, allow_config_change=_RUN.allow_config_change.value)
     logging.info("final evaluation: %s", json.dumps(summary.get("final_eval", {}), indent=1))
 
 

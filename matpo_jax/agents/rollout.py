@@ -23,7 +23,7 @@ responses, reports, instructions) is appended as non-trainable. Text is decoded 
 calls and reports, never re-encoded into a trajectory.
 
 Context budget: a turn is only started when the context, the block injected before it and a full
-turn (`max_new_tokens`) fit in `max_context`; a worker also keeps room for its final-summary turn.
+turn (`max_new_tokens_per_turn`) fit in `max_context`; a worker also keeps room for its summary.
 So the cache never overflows mid-turn, and hitting the budget is a recorded `max_context` finish.
 """
 from __future__ import annotations
@@ -40,14 +40,13 @@ from matpo_jax.chat import (TOOL_CALL_OPEN, ChatFormat, MalformedToolCall, ToolC
                             parse_tool_call, strip_think)
 from matpo_jax.agents import prompts
 from matpo_jax import tools
+from matpo_jax.config.sections import RolloutSection
+from matpo_jax.agents.engine_options import EngineOptions
 from matpo_jax.agents.rollout_metrics import rollout_metrics, slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
 
 log = logging.getLogger(__name__)
-
-MODES = ("matpo", "single")
-MALFORMED_POLICIES = ("error_message", "end_rollout")
 
 # Finish reasons (Rollout.finish_reason).
 ANSWER = "answer"  # a turn without a tool call
@@ -63,85 +62,10 @@ _PLANNER_TOOLS = (tools.SUBAGENT_SCHEMA,)
 _WORKER_TOOLS = (tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA)
 
 
-class RolloutConfigError(ValueError):
-    """A rollout setting out of range; the message names the field."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    mode: str = "matpo"  # "matpo" (planner + workers) | "single" (one agent with search/open)
-    group_size: int = 1  # G samples per question
-    max_turns_planner: int = 8  # assistant turns of a planner (and of a single agent)
-    max_turns_worker: int = 8  # tool-loop turns of a worker (its final summary comes on top)
-    max_context: int = 4096  # tokens of one rollout's context: prompt + sampled + injected
-    max_new_tokens: int = 256  # tokens of one assistant turn
-    max_worker_calls_per_turn: int = 1  # subagent calls run per planner turn; the rest get an error
-    report_max_chars: int = 2000  # worker report cap (characters) as the planner reads it
-    tool_response_max_chars: int = 4000  # search/open output cap (characters)
-    final_summary: bool = True  # off: the worker's last answer text is its report (ablation)
-    final_summary_max_tokens: int | None = None  # the summary turn's cap (None: max_new_tokens)
-    user_query_recap: bool = True  # off: the worker's user message is the subtask alone (ablation)
-    malformed_tool_call: str = "error_message"  # | "end_rollout" (the reference release)
-    slots: int = 8  # B: rows of the shared decode batch
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    mix_roles: bool = True  # False: planners and workers decode in separate phases (baseline)
-    # Static widths of the sampler's injection writes (None: sampler.default_buckets). Every
-    # host call pays the smallest width >= its longest injection (longer: chunks of the last),
-    # on all slots: finer widths cost compilations, save compute on prompts and re-prefills.
-    injection_buckets: tuple[int, ...] | None = None
-    # Rows one injection extend writes together (None: sampler.default_lanes(slots)); a host call
-    # writing into n slots runs ceil(n / lanes) extends of that many rows.
-    injection_lanes: int | None = None
-    # Compute each role's system prompt (and, for G > 1, each question's prompt) once per batch
-    # and start every slot that holds it from that cache, instead of prefilling it per sequence.
-    reuse_prefixes: bool = True
-    tool_threads: int = 16  # concurrent tool calls per host call
-    # False: a host call runs the tool calls of the turns that just ended and waits for them (the
-    # whole decode batch waits). True: they run in the background; each agent gives up its slot
-    # until its results are back, and the batch decodes on. For remote tools with real latency.
-    async_tools: bool = False
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise RolloutConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.malformed_tool_call not in MALFORMED_POLICIES:
-            raise RolloutConfigError(f"malformed_tool_call must be one of {MALFORMED_POLICIES}, "
-                                     f"got {self.malformed_tool_call!r}")
-        for name in ("group_size", "max_turns_planner", "max_turns_worker", "max_context",
-                     "max_new_tokens", "max_worker_calls_per_turn", "report_max_chars",
-                     "tool_response_max_chars", "slots", "tool_threads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise RolloutConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.injection_buckets is not None and (
-                not self.injection_buckets or min(self.injection_buckets) <= 0):
-            raise RolloutConfigError(f"injection_buckets must be positive widths, got "
-                                     f"{self.injection_buckets}")
-        if self.injection_lanes is not None and (
-                not isinstance(self.injection_lanes, int) or self.injection_lanes <= 0):
-            raise RolloutConfigError(f"injection_lanes must be a positive integer or None, got "
-                                     f"{self.injection_lanes!r}")
-        if self.final_summary_max_tokens is not None and not (
-                isinstance(self.final_summary_max_tokens, int)
-                and 0 < self.final_summary_max_tokens <= self.max_new_tokens):
-            raise RolloutConfigError(f"final_summary_max_tokens must be an integer in [1, "
-                                     f"max_new_tokens={self.max_new_tokens}] or None, got "
-                                     f"{self.final_summary_max_tokens!r}")
-        if self.max_new_tokens >= self.max_context:
-            raise RolloutConfigError(f"max_new_tokens ({self.max_new_tokens}) must be smaller "
-                                     f"than max_context ({self.max_context})")
-
-    @property
-    def summary_tokens(self) -> int:
-        """Tokens a worker's final-summary turn may sample."""
-        return self.final_summary_max_tokens or self.max_new_tokens
-
-    @property
-    def sampling(self) -> sampler.Sampling:
-        return sampler.Sampling(temperature=self.temperature, top_p=self.top_p,
-                                 top_k=self.top_k, max_turn_tokens=self.max_new_tokens)
+def sampling(cfg: RolloutSection) -> sampler.Sampling:
+    """The sampler's settings of a rollout section."""
+    return sampler.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                            max_turn_tokens=cfg.max_new_tokens_per_turn)
 
 
 @dataclasses.dataclass
@@ -158,26 +82,29 @@ class RolloutBatch:
 
 
 def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
-                 questions: Sequence[str], cfg: RolloutConfig, rng) -> RolloutBatch:
+                 questions: Sequence[str], cfg: RolloutSection, rng,
+                 options: EngineOptions = EngineOptions()) -> RolloutBatch:
     """Rolls out G samples per question; returns every planner, worker (or single) trajectory.
 
-    toolbox: a `tools.ToolBox` running `search` / `open` (`.call(name, arguments) -> ToolResult`,
-    never raising); the engine handles `subagent` itself. rng: the sampler's key.
+    cfg: the config's rollout section (evaluation passes a copy with its own group size and
+    temperature). toolbox: a `tools.ToolBox` running `search` / `open` (`.call(name, arguments)
+    -> ToolResult`, never raising, its text already cut to the context's cap); the engine handles
+    `subagent` itself. rng: the sampler's key.
     """
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
-        engine = _Engine(chat, toolbox, cfg, pool)
+    with concurrent.futures.ThreadPoolExecutor(options.tool_threads) as pool:
+        engine = _Engine(chat, toolbox, cfg, options, pool)
         engine.start(questions)
         loop = sampler.run_slots(
-            model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
-            max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng,
-            buckets=cfg.injection_buckets, lanes=cfg.injection_lanes,
-            prefixes=engine.scheduler.prefixes)
+            model_state, graphdef, engine.scheduler, slots=cfg.decode_slots,
+            max_len=cfg.max_context, max_turn=cfg.max_new_tokens_per_turn, sampling=sampling(cfg),
+            stop_ids=_stop_ids(chat), rng=rng, buckets=options.injection_buckets,
+            lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     metrics = rollout_metrics(rollouts, cfg)
     metrics.update(engine.counters)
-    metrics.update(slot_metrics(loop, engine.scheduler, cfg),
+    metrics.update(slot_metrics(loop, engine.scheduler, cfg, options),
                    wall_time_s=time.perf_counter() - start)
     metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
@@ -217,11 +144,11 @@ class _Call:
 
 
 class _Engine:
-    def __init__(self, chat, toolbox, cfg: RolloutConfig, pool):
+    def __init__(self, chat, toolbox, cfg: RolloutSection, options: EngineOptions, pool):
         self.chat, self.toolbox, self.cfg, self.pool = chat, toolbox, cfg, pool
         self.agents: dict[int, _Agent] = {}
-        self.scheduler = SlotScheduler(cfg.slots, cfg.max_context, self.on_turns,
-                                       mix_roles=cfg.mix_roles, group_order=(PLANNER, WORKER),
+        self.scheduler = SlotScheduler(cfg.decode_slots, cfg.max_context, self.on_turns,
+                                       mix_roles=options.mix_roles, group_order=(PLANNER, WORKER),
                                        on_idle=self._wait_for_tools if cfg.async_tools else None)
         # async_tools: agent id -> (its calls, the futures running them)
         self._in_flight: dict[int, tuple[list[_Call], list[concurrent.futures.Future]]] = {}
@@ -403,7 +330,7 @@ class _Engine:
         if not ok:
             call.record.tool_failed = True
             call.record.error = text
-        call.response = text[:self.cfg.tool_response_max_chars]
+        call.response = text
 
     def _answer_calls(self, agent: _Agent, calls: list[_Call]) -> Decision:
         """After the tools ran: spawn workers for subagent calls, else answer in place."""
@@ -433,7 +360,8 @@ class _Engine:
         if agent.in_summary:
             return len(agent.record.tokens) + inject_len + self.cfg.summary_tokens <= (
                 self.cfg.max_context)
-        return len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens <= agent.budget
+        return (len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens_per_turn
+                <= agent.budget)
 
     def _continue(self, agent: _Agent, ids: list[int]) -> Decision:
         """Appends a non-trainable block in place and lets the agent take another turn."""
@@ -516,5 +444,5 @@ def _split_tool_calls(text: str) -> list[str]:
 # ================================================================================ metrics
 
 
-__all__ = ["RolloutConfig", "RolloutConfigError", "RolloutBatch", "run_rollouts",
-           "rollout_metrics", "FINISH_REASONS"]
+__all__ = ["EngineOptions", "RolloutBatch", "run_rollouts", "sampling", "rollout_metrics",
+           "FINISH_REASONS"]

@@ -52,9 +52,10 @@ class JudgeError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class JudgeConfig:
-    base_url: str = "http://127.0.0.1:8000/v1"  # ends before /chat/completions
-    model: str = "gpt-4o-mini"
-    api_key_env: str = "OPENAI_API_KEY"  # read at request time; unset -> no Authorization header
+    # From the config's reward section (judge_url, judge_model, judge_api_key_env): no defaults.
+    base_url: str  # ends before /chat/completions
+    model: str
+    api_key_env: str  # read at request time; unset -> no Authorization header
     timeout_s: float = 30.0
     max_retries: int = 3  # extra attempts after the first one
     backoff_s: float = 1.0  # first retry delay; doubles each retry
@@ -82,7 +83,7 @@ class JudgeStats:
 class LLMJudge:
     """Grades (question, gold, prediction) triples with a chat model."""
 
-    def __init__(self, config: JudgeConfig = JudgeConfig(),
+    def __init__(self, config: JudgeConfig,
                  session: requests.Session | None = None):
         self.config = config
         self._session = session or requests.Session()

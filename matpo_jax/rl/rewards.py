@@ -20,6 +20,7 @@ import numpy as np
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 from matpo_jax.rl.judge import CORRECT, LLMJudge
 from matpo_jax.chat import extract_boxed  # noqa: F401  (part of this module's API)
+from matpo_jax.config.sections import RewardSection, RolloutSection
 
 ACCURACY_METHODS = ("exact", "f1", "judge")
 REWARD_MODES = ("matpo", "single")
@@ -30,16 +31,30 @@ Gold = str | Sequence[str]  # one answer, or a list of accepted aliases
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    mode: str = "matpo"  # matpo | single
-    accuracy: str = "exact"  # exact | f1 | judge
-    f1_threshold: float = 0.8
+    """The reward stage's settings: `rollout.mode` and the config's reward section, put together
+    in one place (run.runtime.reward_config). No defaults: the config's are the defaults."""
 
-    def __post_init__(self):
+    mode: str  # matpo | single (rollout.mode)
+    f1_threshold: float  # reward.f1_threshold
+    method: str | None = None  # exact | f1 | judge (reward.method); required
+    # TRANSITIONAL alias of `method`: run/rl.py (being rewritten into the shared training loop by
+    # another branch) still passes accuracy=...; delete once it builds run.runtime.reward_config.
+    accuracy: dataclasses.InitVar[str | None] = None
+
+    def __post_init__(self, accuracy):
+        if self.method is None:
+            object.__setattr__(self, "method", accuracy)
         if self.mode not in REWARD_MODES:
             raise ValueError(f"RewardConfig.mode={self.mode!r}, expected one of {REWARD_MODES}")
-        if self.accuracy not in ACCURACY_METHODS:
-            raise ValueError(f"RewardConfig.accuracy={self.accuracy!r}, "
+        if self.method not in ACCURACY_METHODS:
+            raise ValueError(f"RewardConfig.method (the accuracy method) = {self.method!r}, "
                              f"expected one of {ACCURACY_METHODS}")
+
+
+def default_reward_config() -> RewardConfig:
+    """The reward settings of the default experiment, read from the config's declarations."""
+    return RewardConfig(mode=RolloutSection().mode, method=RewardSection().method,
+                        f1_threshold=RewardSection().f1_threshold)
 
 
 # ----------------------------------------------------------------------------- answer extraction
@@ -130,14 +145,16 @@ def combine_reward(acc: float, fmt_own: float, fmt_workers: Sequence[float], mod
 
 
 def rollout_rewards(rollouts: Sequence[Rollout], golds: Sequence[Gold],
-                    config: RewardConfig = RewardConfig(), *,
+                    config: RewardConfig | None = None, *,
                     questions: Sequence[str] | None = None,
                     judge: LLMJudge | None = None) -> dict[int, RewardBreakdown]:
     """Rewards of every planner (or single-agent) rollout, keyed by rollout_id.
 
     golds[q] / questions[q] belong to query_index q. Workers get no reward of their own: their
     format scores enter their parent's reward, and their tokens get their parent's advantage.
+    config None: the default experiment's (`default_reward_config`).
     """
+    config = config or default_reward_config()
     workers_of: dict[int, list[Rollout]] = collections.defaultdict(list)
     for r in rollouts:
         if r.role == WORKER:
@@ -145,11 +162,11 @@ def rollout_rewards(rollouts: Sequence[Rollout], golds: Sequence[Gold],
     owners = [r for r in rollouts if r.role in (PLANNER, SINGLE)]
     predictions = [final_answer(r) for r in owners]
 
-    if config.accuracy == "judge":
+    if config.method == "judge":
         if judge is None:
-            raise ValueError("RewardConfig.accuracy='judge' needs an LLMJudge")
+            raise ValueError("RewardConfig.method='judge' needs an LLMJudge")
         if questions is None:
-            raise ValueError("RewardConfig.accuracy='judge' needs the questions")
+            raise ValueError("RewardConfig.method='judge' needs the questions")
         to_grade = [i for i, p in enumerate(predictions) if p is not None]
         grades = judge.grade_many([
             (questions[owners[i].query_index], " | ".join(_aliases(golds[owners[i].query_index])),
@@ -158,7 +175,7 @@ def rollout_rewards(rollouts: Sequence[Rollout], golds: Sequence[Gold],
         accuracies = [float(grade_of.get(i) == CORRECT) for i in range(len(owners))]
         failed = [i in grade_of and grade_of[i] is None for i in range(len(owners))]
     else:
-        accuracies = [accuracy(p, golds[r.query_index], config.accuracy,
+        accuracies = [accuracy(p, golds[r.query_index], config.method,
                                f1_threshold=config.f1_threshold)
                       for r, p in zip(owners, predictions)]
         failed = [False] * len(owners)

@@ -6,38 +6,43 @@ transcripts, to read what the agents actually did).
 from __future__ import annotations
 
 import collections
-import json
 import os
+from typing import Mapping
 
 import numpy as np
 
-from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.agents.trajectory import WORKER
+from matpo_jax.config import EvalSection, write_json_atomic
 from matpo_jax.data import loader as loader_lib
+from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.rl import rewards as rewards_lib
-from matpo_jax.run.runtime import Runtime, rng_for, rollout_config
+from matpo_jax.run.runtime import Runtime, reward_config, rng_for, rollout_config
 
 SAMPLES_SHOWN = 3
 
 
+def eval_selection(eval_cfg: EvalSection, split_sizes: Mapping[str, int]) -> tuple[str, int]:
+    """(split, count): the first `eval.num_questions` questions (0: all) of `eval.split`."""
+    available = split_sizes[eval_cfg.split]
+    count = available if eval_cfg.num_questions == 0 else min(available, eval_cfg.num_questions)
+    return eval_cfg.split, count
+
+
 def eval_records(rt: Runtime) -> list[dict]:
-    """The evaluation questions: the first `eval.num_questions` of the split (0 = all)."""
-    cfg = rt.cfg
-    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[cfg.eval.split]
-    count = len(source) if int(cfg.eval.num_questions) <= 0 else min(len(source),
-                                                                    int(cfg.eval.num_questions))
+    """The evaluation questions (see `eval_selection`)."""
+    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[rt.cfg.eval.split]
+    split, count = eval_selection(rt.cfg.eval, {rt.cfg.eval.split: len(source)})
     return [loader_lib.decode_record(source[i]) for i in range(count)]
 
 
 def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> dict[str, float]:
-    """Rolls out every evaluation question once and returns `eval/...` metrics."""
-    from matpo_jax.run.rl import reward_config  # the training reward, applied to eval
-
+    """Rolls out every evaluation question once and returns `eval/...` metrics (scored with the
+    training reward)."""
     records = records if records is not None else eval_records(rt)
     questions = [r["question"] for r in records]
     batch = run_rollouts(model_state, graphdef, rt.chat, rt.toolbox, questions,
-                         rollout_config(rt.cfg, evaluation=True), rng_for(int(rt.cfg.train.seed), 2))
+                         rollout_config(rt.cfg, evaluation=True), rng_for(rt.cfg.train.seed, 2))
     breakdowns = rewards_lib.rollout_rewards(batch.rollouts, [r["answer"] for r in records],
                                              reward_config(rt.cfg), questions=questions,
                                              judge=rt.judge)
@@ -69,8 +74,7 @@ def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> d
 
 def _write(rt: Runtime, tag: str, metrics: dict, rollouts, records, breakdowns) -> None:
     os.makedirs(rt.path("eval"), exist_ok=True)
-    with open(rt.path("eval", f"{tag}.json"), "w") as f:
-        json.dump(metrics, f, indent=1, sort_keys=True)
+    write_json_atomic(rt.path("eval", f"{tag}.json"), metrics, indent=1, sort_keys=True)
     by_id = {r.rollout_id: r for r in rollouts}
     lines = []
     for owner in [r for r in rollouts if r.role != WORKER][:SAMPLES_SHOWN]:

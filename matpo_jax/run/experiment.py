@@ -1,61 +1,80 @@
 """One whole run: world -> search service -> model -> SFT -> eval -> RL -> eval -> plots.
 
 Every phase resumes from its own checkpoints, so re-running the same command after a crash or a
-preemption continues where the run stopped. The run's summary (the evaluations before and after RL)
-is written to <workdir>/summary.json; curves to <workdir>/plots/.
+preemption continues where the run stopped; the workdir's config.json is compared with the new
+config first, and a changed config is refused (config/resume.py). The run's summary (the
+evaluations before and after RL) is written to <workdir>/summary.json; curves to <workdir>/plots/.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+from typing import Iterable
 
 import jax
 
 from matpo_jax import config as config_lib
+from matpo_jax.config import DataSection, ExperimentConfig
+from matpo_jax.data.world_assets import prepare_world
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
-from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.run.evaluation import evaluate
-from matpo_jax.run.rl import latest_rl_step, make_judge, model_state, run_rl
-from matpo_jax.run.runtime import Runtime, build_model, make_mesh, make_toolbox
+from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
+from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
 from matpo_jax.run.sft import run_sft
-from matpo_jax.data.world_assets import prepare_world
+from matpo_jax.tools.search_server import SearchServer
 
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
 
 
+def world_data_dir(data: DataSection, workdir: str) -> str:
+    """Where the world's dataset, corpus and tokenizer live: data.data_dir, or <workdir>/tfds."""
+    return data.data_dir or os.path.join(workdir, "tfds")
+
+
 def _cached_eval(rt: Runtime, tag: str, compute):
-    """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline)."""
+    """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
+    one that cannot be read (torn by a crash of an older version) is run again."""
     path = rt.path("eval", f"{tag}.json")
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except ValueError:
+            log.warning("%s is unreadable; evaluating again", path)
     return compute()
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
     if jax.process_index() == 0:
-        with open(rt.path(SUMMARY_FILE), "w") as f:
-            json.dump(summary, f, indent=1, sort_keys=True)
+        config_lib.write_json_atomic(rt.path(SUMMARY_FILE), summary, indent=1, sort_keys=True)
     return summary
 
 
-def run_experiment(cfg, workdir: str) -> dict:
+def run_experiment(cfg: ExperimentConfig, workdir: str, *,
+                   allow_config_change: str | Iterable[str] = ()) -> dict:
+    """Runs (or resumes) the experiment `cfg` (config.to_typed) in `workdir`.
+
+    allow_config_change: fields of config/resume.RESUME_SAFE_FIELDS a resumed run may change."""
+    if not isinstance(cfg, ExperimentConfig):
+        raise TypeError(f"run_experiment takes the typed config (config.to_typed), got "
+                        f"{type(cfg).__name__}")
     os.makedirs(workdir, exist_ok=True)
-    config_lib.save_config(cfg, workdir)
+    config_lib.check_resume(cfg, workdir, allow_config_change)  # before anything is written
+    if jax.process_index() == 0:
+        config_lib.save_config(cfg, workdir)
     mesh = make_mesh(cfg)
-    data_dir = cfg.data.data_dir or os.path.join(workdir, "tfds")
-    assets = prepare_world(cfg, data_dir)
+    assets = prepare_world(cfg, world_data_dir(cfg.data, workdir))
     with SearchServer(assets.corpus_path) as server:
         rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets, chat=assets.chat,
-                     toolbox=make_toolbox(cfg, server.url), judge=make_judge(cfg))
+                     toolbox=make_toolbox(cfg.tools, server.url), judge=make_judge(cfg.reward))
         primary = jax.process_index() == 0
         model = build_model(cfg, mesh)
         with metrics_lib.MetricsWriter(rt.path("sft"), enabled=primary) as sft_writer:
             graphdef, sft_state = run_sft(rt, model, sft_writer)
-        if int(cfg.train.steps) == 0:  # an SFT-only run: a shared start for other runs
+        if cfg.train.steps == 0:  # an SFT-only run: a shared start for other runs
             log.info("train.steps = 0: SFT only, checkpoints in %s", rt.path("checkpoints", "sft"))
             return _write_summary(rt, {"workdir": os.path.abspath(workdir), "sft_only": True})
         eval_fn = lambda g, s, tag: evaluate(rt, g, s, tag=tag)  # noqa: E731
@@ -66,7 +85,7 @@ def run_experiment(cfg, workdir: str) -> dict:
             state = run_rl(rt, graphdef, sft_state.params, sft_state.frozen, writer, eval_fn)
             final_eval = _cached_eval(rt, "final",
                                       lambda: eval_fn(graphdef, model_state(state), "final"))
-            writer.write(int(cfg.train.steps), final_eval)
+            writer.write(cfg.train.steps, final_eval)
     summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": os.path.abspath(workdir),
                "mode": cfg.rollout.mode}
     _write_summary(rt, summary)

@@ -1,6 +1,9 @@
-"""What every phase of a run shares: config, mesh, the world on disk, tools, model definition.
+"""What every phase of a run shares (config, mesh, the world on disk, tools, model definition), and
+the translators from the typed config to the stages' own settings, each in one place.
 
 Built once by `experiment.run_experiment`; the phases (SFT, RL, evaluation) are functions of it.
+The rollout engine consumes `cfg.rollout` itself; the optimizer, train step, loss, reward, judge
+and tool clients have settings of their own, built here from their sections.
 """
 from __future__ import annotations
 
@@ -12,105 +15,153 @@ import numpy as np
 from flax import nnx
 
 from matpo_jax import parallel
-from matpo_jax.agents import rollout as rollout_lib
-from matpo_jax.tools import clients as tools_lib
-from matpo_jax.config import resolve_mesh_shape
+from matpo_jax.chat import ChatFormat
+from matpo_jax.config import (ExperimentConfig, MeshSection, ModelSection, RewardSection,
+                              RLSection, RolloutSection, ToolsSection)
+from matpo_jax.data.world_assets import WorldAssets
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, load_pretrained
+from matpo_jax.parallel.mesh import resolve_mesh_shape
+from matpo_jax.rl import rewards as rewards_lib
+from matpo_jax.rl.judge import JudgeConfig, LLMJudge
+from matpo_jax.tools import clients as tools_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import step as step_lib
-from matpo_jax.chat import ChatFormat
-from matpo_jax.data.world_assets import WorldAssets
 
 
 @dataclasses.dataclass
 class Runtime:
-    cfg: object  # ml_collections.ConfigDict, validated
+    cfg: ExperimentConfig  # validated (config.to_typed)
     workdir: str
     mesh: jax.sharding.Mesh
     assets: WorldAssets
     chat: ChatFormat
     toolbox: tools_lib.ToolBox  # search + open for workers and the single agent
-    judge: object = None  # rl.judge.LLMJudge when reward.method == "judge"
+    judge: LLMJudge | None = None  # when reward.method == "judge"
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.workdir, *parts)
 
 
-def make_mesh(cfg) -> jax.sharding.Mesh:
-    return parallel.make_mesh(resolve_mesh_shape(dict(cfg.mesh), jax.device_count()))
+# ------------------------------------------------------------------------------- mesh and model
+def mesh_shape(mesh: MeshSection, num_devices: int) -> dict[str, int]:
+    return resolve_mesh_shape(mesh.axes(), num_devices)
 
 
-def make_toolbox(cfg, search_url: str) -> tools_lib.ToolBox:
-    """Worker tools from config: our local server (Serper protocol) or a remote service."""
-    policy = tools_lib.HttpPolicy(read_timeout_s=float(cfg.tools.timeout_s),
-                                  max_retries=int(cfg.tools.retries),
-                                  max_chars=int(cfg.tools.max_response_chars))
-    protocol = "retrieval" if cfg.tools.search_backend == "retrieval" else "serper"
-    return tools_lib.worker_toolbox(cfg.tools.search_url or search_url, protocol=protocol,
-                                    page_url=cfg.tools.page_url or search_url, policy=policy)
+def make_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
+    return parallel.make_mesh(mesh_shape(cfg.mesh, jax.device_count()))
 
 
-def build_model(cfg, mesh) -> Qwen3ForCausalLM:
-    """A fresh tiny model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
+def model_config(model: ModelSection) -> Qwen3Config:
+    """The architecture of a model trained from scratch (`model.arch`, dtypes)."""
+    return Qwen3Config(**dataclasses.asdict(model.arch), dtype=model.dtype,
+                       param_dtype=model.param_dtype)
+
+
+def build_model(cfg: ExperimentConfig, mesh) -> Qwen3ForCausalLM:
+    """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
     if cfg.model.hf_checkpoint:
         return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh)
-    arch = dict(cfg.model.arch)
-    config = Qwen3Config(**arch, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
-    model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(int(cfg.train.seed)))
+    model = Qwen3ForCausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
     return parallel.shard_model(model, mesh)
 
 
-def loss_config(cfg) -> loss_lib.LossConfig:
-    rl = cfg.rl
+# ----------------------------------------------------------------------------------------- tools
+class CappedTool:
+    """A tool client whose text is cut at the context's cap (`tools.max_response_chars`): what
+    rollouts and SFT demonstrations both put in the context."""
+
+    def __init__(self, client, max_chars: int):
+        self.client, self.max_chars = client, max_chars
+
+    def __call__(self, **arguments) -> tools_lib.ToolResult:
+        result = self.client(**arguments)
+        return dataclasses.replace(result, text=result.text[:self.max_chars])
+
+
+def make_toolbox(tools: ToolsSection, local_url: str) -> tools_lib.ToolBox:
+    """Worker tools from the tools section: our local server (Serper protocol, at `local_url`)
+    or a remote service."""
+    policy = tools_lib.HttpPolicy(read_timeout_s=tools.timeout_s, max_retries=tools.retries,
+                                  max_chars=tools.max_response_chars)
+    search_url = tools.search_url or local_url
+    if tools.search_backend == "retrieval":
+        protocol, search_kwargs = "retrieval", dict(default_num=tools.num_results)
+    else:  # serper, and our local server, which speaks its protocol
+        protocol = "serper"
+        search_kwargs = dict(default_num=tools.num_results, api_key_env=tools.api_key_env)
+    box = tools_lib.worker_toolbox(search_url, protocol=protocol,
+                                   page_url=tools.page_url or search_url, policy=policy,
+                                   **search_kwargs)
+    capped = {name: CappedTool(client, tools.max_response_chars)
+              for name, client in box.clients.items()}
+    return tools_lib.ToolBox(capped, box.schemas, box.metrics)
+
+
+# ------------------------------------------------------------------------------ optimizer, loss
+def loss_config(rl: RLSection) -> loss_lib.LossConfig:
     return loss_lib.LossConfig(
         aggregation=rl.loss_agg, seq_denominator=rl.seq_mean_denominator,
-        norm_constant=float(rl.loss_agg_norm) or None, eps_low=float(rl.eps_low),
-        eps_high=float(rl.eps_high), dual_clip=float(rl.dual_clip_c), kl_coef=float(rl.kl_coef),
-        kl_type=rl.kl_type, entropy_coef=float(rl.entropy_coef))
+        norm_constant=rl.loss_agg_norm or None, eps_low=rl.eps_low, eps_high=rl.eps_high,
+        dual_clip=rl.dual_clip_c, kl_coef=rl.kl_coef, kl_type=rl.kl_type,
+        entropy_coef=rl.entropy_coef)
 
 
-def optimizer_config(cfg, phase: str) -> step_lib.OptimizerConfig:
+# rl.schedule -> the optimizer's schedule (each with rl.warmup_steps of linear warmup first).
+_RL_SCHEDULES = {"constant": "warmup_constant", "cosine": "warmup_cosine",
+                 "linear": "warmup_linear"}
+
+
+def optimizer_config(cfg: ExperimentConfig, phase: str) -> step_lib.OptimizerConfig:
     rl = cfg.rl
     if phase == "sft":
-        return step_lib.OptimizerConfig(learning_rate=float(cfg.sft.lr), schedule="warmup_cosine",
-                                        warmup_steps=min(20, int(cfg.sft.steps) // 10),
-                                        decay_steps=int(cfg.sft.steps), end_lr_ratio=0.1,
-                                        weight_decay=float(rl.weight_decay),
-                                        grad_clip=float(rl.grad_clip))
-    return step_lib.OptimizerConfig(learning_rate=float(rl.lr), schedule=rl.schedule,
-                                    warmup_steps=int(rl.warmup_steps),
-                                    weight_decay=float(rl.weight_decay), b1=float(rl.adam_b1),
-                                    b2=float(rl.adam_b2), grad_clip=float(rl.grad_clip))
+        steps = cfg.sft.steps
+        return step_lib.OptimizerConfig(learning_rate=cfg.sft.lr, schedule="warmup_cosine",
+                                        warmup_steps=min(20, steps // 10),
+                                        decay_steps=max(1, steps), end_lr_ratio=0.1,
+                                        weight_decay=rl.weight_decay, grad_clip=rl.grad_clip)
+    # The schedule counts optimizer updates: ppo_mini_batches x ppo_epochs per RL step.
+    updates = cfg.train.steps * rl.ppo_mini_batches * rl.ppo_epochs
+    schedule = ("constant" if rl.schedule == "constant" and rl.warmup_steps == 0
+                else _RL_SCHEDULES[rl.schedule])
+    return step_lib.OptimizerConfig(learning_rate=rl.lr, schedule=schedule,
+                                    warmup_steps=rl.warmup_steps,
+                                    decay_steps=max(1, updates - rl.warmup_steps),
+                                    end_lr_ratio=0.0, weight_decay=rl.weight_decay, b1=rl.adam_b1,
+                                    b2=rl.adam_b2, grad_clip=rl.grad_clip)
 
 
-def step_config(cfg, phase: str) -> step_lib.TrainStepConfig:
+def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
     if phase == "sft":
-        return step_lib.TrainStepConfig(objective="sft", loss=loss_config(cfg))
-    return step_lib.TrainStepConfig(objective="rl", loss=loss_config(cfg),
-                                    micro_batches=int(cfg.rl.micro_batches),
-                                    ppo_mini_batches=int(cfg.rl.ppo_mini_batches),
-                                    ppo_epochs=int(cfg.rl.ppo_epochs))
+        return step_lib.TrainStepConfig(objective="sft", loss=loss_config(cfg.rl))
+    return step_lib.TrainStepConfig(objective="rl", loss=loss_config(cfg.rl),
+                                    micro_batches=cfg.rl.micro_batches,
+                                    ppo_mini_batches=cfg.rl.ppo_mini_batches,
+                                    ppo_epochs=cfg.rl.ppo_epochs)
 
 
-def rollout_config(cfg, *, evaluation: bool = False) -> rollout_lib.RolloutConfig:
-    r = cfg.rollout
-    temperature = float(cfg.eval.temperature) if evaluation else float(r.temperature)
-    return rollout_lib.RolloutConfig(
-        mode=r.mode, group_size=1 if evaluation else int(r.group_size),
-        max_turns_planner=int(r.max_turns_planner), max_turns_worker=int(r.max_turns_worker),
-        max_context=int(r.max_context), max_new_tokens=int(r.max_new_tokens_per_turn),
-        max_worker_calls_per_turn=int(r.max_worker_calls_per_turn),
-        report_max_chars=int(r.report_max_chars),
-        tool_response_max_chars=int(cfg.tools.max_response_chars),
-        final_summary=bool(r.final_summary),
-        final_summary_max_tokens=min(int(r.final_summary_max_tokens),
-                                     int(r.max_new_tokens_per_turn)),
-        user_query_recap=bool(r.user_query_recap),
-        malformed_tool_call=r.malformed_tool_call, slots=int(r.decode_slots),
-        temperature=temperature, top_p=float(r.top_p), top_k=int(r.top_k),
-        reuse_prefixes=bool(r.reuse_prefixes), async_tools=bool(r.async_tools))
+# ------------------------------------------------------------------------- rollouts and rewards
+def rollout_config(cfg: ExperimentConfig, *, evaluation: bool = False) -> RolloutSection:
+    """What the rollout engine runs: the rollout section; evaluation samples each question once
+    at `eval.temperature`."""
+    if evaluation:
+        return dataclasses.replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature)
+    return cfg.rollout
 
 
+def reward_config(cfg: ExperimentConfig) -> rewards_lib.RewardConfig:
+    return rewards_lib.RewardConfig(mode=cfg.rollout.mode, method=cfg.reward.method,
+                                    f1_threshold=cfg.reward.f1_threshold)
+
+
+def make_judge(reward: RewardSection) -> LLMJudge | None:
+    """The LLM judge client when the reward asks for one (an OpenAI-compatible endpoint)."""
+    if reward.method != "judge":
+        return None
+    return LLMJudge(JudgeConfig(base_url=reward.judge_url, model=reward.judge_model,
+                                api_key_env=reward.judge_api_key_env))
+
+
+# ------------------------------------------------------------------------------------------ rngs
 def rng_for(seed: int, *path: int) -> jax.Array:
     """A key that depends only on (seed, path): the same step always samples the same way."""
     key = jax.random.key(seed)

@@ -31,7 +31,7 @@ from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer.packing import PackedBatch
 
 OBJECTIVES = ("rl", "sft")
-SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
+SCHEDULES = ("constant", "warmup_constant", "warmup_cosine", "warmup_linear")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -39,10 +39,10 @@ SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     learning_rate: float = 1e-5
-    schedule: str = "constant"  # constant | warmup_constant | warmup_cosine
+    schedule: str = "constant"  # constant | warmup_constant | warmup_cosine | warmup_linear
     warmup_steps: int = 0
-    decay_steps: int = 1000  # warmup_cosine: optimizer steps from the end of warmup to the floor
-    end_lr_ratio: float = 0.0  # warmup_cosine: final lr / peak lr
+    decay_steps: int = 1000  # warmup_cosine/linear: optimizer steps from warmup's end to the floor
+    end_lr_ratio: float = 0.0  # warmup_cosine/linear: final lr / peak lr
     weight_decay: float = 0.01  # decoupled (AdamW); only on matrices, never on norm scales
     b1: float = 0.9
     b2: float = 0.999
@@ -91,6 +91,10 @@ def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
     if config.schedule == "warmup_constant":
         base = optax.join_schedules(
             [optax.linear_schedule(0.0, lr, max(warmup, 1)), optax.constant_schedule(lr)], [warmup])
+    elif config.schedule == "warmup_linear":
+        base = optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, max(warmup, 1)),
+             optax.linear_schedule(lr, lr * config.end_lr_ratio, config.decay_steps)], [warmup])
     else:
         base = optax.warmup_cosine_decay_schedule(
             init_value=0.0, peak_value=lr, warmup_steps=warmup,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from matpo_jax.agents.rollout import RolloutConfig
+from matpo_jax.config import RolloutSection
 
 from scripted_agents import PlannerScript, SingleScript, WorkerScript
 
@@ -49,9 +49,10 @@ TURING = SingleScript(
     answer="\\boxed{Maida Vale}")
 
 # The settings every test shares (one compilation of the slot loop).
-BASE = RolloutConfig(mode="matpo", group_size=1, slots=3, max_context=1024, max_new_tokens=48,
-                     max_worker_calls_per_turn=2, report_max_chars=REPORT_MAX_CHARS,
-                     temperature=0.0, max_turns_planner=4, max_turns_worker=4)
+BASE = RolloutSection(mode="matpo", group_size=1, decode_slots=3, max_context=1024,
+                      max_new_tokens_per_turn=48, max_worker_calls_per_turn=2,
+                      report_max_chars=REPORT_MAX_CHARS, temperature=0.0, max_turns_planner=4,
+                      max_turns_worker=4)
 
 
 def assert_masks_and_logprobs(policy, rollouts):

@@ -9,7 +9,8 @@ import pytest
 
 from matpo_jax import sampler
 from matpo_jax.agents import prompts
-from matpo_jax.agents.rollout import FINISH_REASONS, RolloutConfig, RolloutConfigError
+from matpo_jax.agents.rollout import FINISH_REASONS, EngineOptions
+from matpo_jax.config import ConfigError, RolloutSection
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, SlotScheduler
 from matpo_jax.agents.trajectory import PLANNER, WORKER
 
@@ -85,9 +86,9 @@ def test_max_context_ends_the_tool_loop_and_keeps_room_for_the_summary(policy, r
     prompt_len = trainable.index(True)
     first_turn = trainable[prompt_len:].index(False)
     summary_reserve = len(policy.chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION,
-                                                    closed=False)) + BASE.max_new_tokens
+                                                    closed=False)) + BASE.max_new_tokens_per_turn
     # Room for the prompt and one turn, not for the first search result on top of it.
-    max_context = prompt_len + first_turn + BASE.max_new_tokens + summary_reserve
+    max_context = prompt_len + first_turn + BASE.max_new_tokens_per_turn + summary_reserve
     batch = rollout([ADA.question], max_context=max_context)
     assert all(len(r.tokens) <= max_context for r in batch.rollouts)
     worker = batch.by_role(WORKER)[0]
@@ -178,12 +179,12 @@ def test_sampled_rollouts_keep_every_invariant(policy, rollout, async_tools):
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(RolloutConfigError, match="malformed_tool_call"):
-        RolloutConfig(malformed_tool_call="ignore")
-    with pytest.raises(RolloutConfigError, match="group_size"):
-        RolloutConfig(group_size=0)
-    with pytest.raises(RolloutConfigError, match="max_new_tokens"):
-        RolloutConfig(max_context=64, max_new_tokens=64)
+    with pytest.raises(ConfigError, match="malformed_tool_call"):
+        RolloutSection(malformed_tool_call="ignore")
+    with pytest.raises(ConfigError, match="group_size"):
+        RolloutSection(group_size=0)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        RolloutSection(max_context=64, max_new_tokens_per_turn=64)
 
 
 # ----------------------------------------------------------------------------- the slot host
@@ -286,14 +287,14 @@ def test_scheduler_starts_new_sequences_from_their_longest_prefix():
 
 def test_extend_positions_count_each_lane_group_at_its_own_width():
     from matpo_jax.agents.rollout_metrics import _prefix_store_positions, extend_positions
-    cfg = dataclasses.replace(BASE, slots=4, max_context=256, injection_buckets=(16, 64),
-                              injection_lanes=2)
+    cfg = dataclasses.replace(BASE, decode_slots=4, max_context=256)
+    options = EngineOptions(injection_buckets=(16, 64), injection_lanes=2)
     calls = [[300, 10, 70], [5], []]
     # Lane groups (300, 10): 5 chunks of 64, x 2 lanes; (70): 2 chunks x 2; (5): 16 x 2.
-    assert extend_positions(calls, cfg) == 320 * 2 + 128 * 2 + 16 * 2
+    assert extend_positions(calls, cfg, options) == 320 * 2 + 128 * 2 + 16 * 2
     # All slots at once: each call pays the width of its longest write on every slot.
-    wide = dataclasses.replace(cfg, injection_lanes=4)
-    assert extend_positions(calls, wide) == 320 * 4 + 16 * 4
+    wide = dataclasses.replace(options, injection_lanes=4)
+    assert extend_positions(calls, cfg, wide) == 320 * 4 + 16 * 4
     # The shared-prefix store: one extend per prefix at its own width among the store's widths
     # (the buckets below the store's width, 192 = 3 chunks of 64 for the longest, then 192).
-    assert _prefix_store_positions([[1] * 9, [1] * 130, [1] * 60], cfg) == 16 + 192 + 64
+    assert _prefix_store_positions([[1] * 9, [1] * 130, [1] * 60], cfg, options) == 16 + 192 + 64

@@ -1,5 +1,6 @@
 """Rewards: answer extraction, matching, the MATPO combination, and the LLM judge over real HTTP."""
 import contextlib
+import dataclasses
 import http.server
 import json
 import threading
@@ -11,6 +12,9 @@ import pytest
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
 from matpo_jax.rl import judge as judge_lib
 from matpo_jax.rl import rewards
+
+# The reward stage's settings of the base config (run.runtime.reward_config builds them).
+MATPO_EXACT = rewards.RewardConfig(mode="matpo", method="exact", f1_threshold=0.8)
 
 
 # ----------------------------------------------------------------------------- extraction/matching
@@ -32,10 +36,10 @@ def test_answer_comes_only_from_the_planners_own_turns():
     worker = Rollout(1, WORKER, 0, 0, 0, assistant_texts=["\\boxed{Berlin}"],
                      report="the answer is \\boxed{Berlin}")
     assert rewards.final_answer(planner) == "Paris"
-    out = rewards.rollout_rewards([planner, worker], ["paris"])
+    out = rewards.rollout_rewards([planner, worker], ["paris"], MATPO_EXACT)
     assert set(out) == {0} and out[0].accuracy == 1.0 and out[0].prediction == "Paris"
     silent = Rollout(2, PLANNER, 0, 1, None, assistant_texts=["I give up"])
-    assert rewards.rollout_rewards([silent], ["paris"])[2].accuracy == 0.0
+    assert rewards.rollout_rewards([silent], ["paris"], MATPO_EXACT)[2].accuracy == 0.0
 
 
 def test_normalisation_exact_match_and_f1():
@@ -48,7 +52,7 @@ def test_normalisation_exact_match_and_f1():
     assert rewards.accuracy("NYC", ["New York", "nyc"], "exact") == 1.0
     assert rewards.accuracy(None, "x", "exact") == 0.0
     with pytest.raises(ValueError, match="accuracy"):
-        rewards.RewardConfig(accuracy="regex")
+        rewards.RewardConfig(mode="matpo", method="regex", f1_threshold=0.8)
 
 
 # ----------------------------------------------------------------------------- combination
@@ -60,7 +64,7 @@ def test_matpo_reward_combination():
     w2 = Rollout(2, WORKER, 0, 0, 0, tool_calls=[_call(True), _call(False), _call(False),
                                                  _call(False)])  # 0.25
     lone = Rollout(3, PLANNER, 0, 1, None, assistant_texts=["\\boxed{y}"])  # no calls: fmt 1.0
-    out = rewards.rollout_rewards([planner, w1, w2, lone], ["x"])
+    out = rewards.rollout_rewards([planner, w1, w2, lone], ["x"], MATPO_EXACT)
     # 0.9*1 + 0.5*(0.1*0.5 + 0.1*mean(1.0, 0.25))
     assert out[0].reward == pytest.approx(0.9 + 0.5 * (0.05 + 0.0625))
     assert out[0].format_workers == pytest.approx(0.625) and out[0].num_workers == 2
@@ -73,7 +77,8 @@ def test_matpo_reward_combination():
 def test_single_agent_reward_combination():
     agent = Rollout(0, SINGLE, 0, 0, None, assistant_texts=["\\boxed{x}"],
                     tool_calls=[_call(True), _call(True), _call(False), _call(True)])
-    out = rewards.rollout_rewards([agent], ["x"], rewards.RewardConfig(mode="single"))
+    single = rewards.RewardConfig(mode="single", method="exact", f1_threshold=0.8)
+    out = rewards.rollout_rewards([agent], ["x"], single)
     assert out[0].reward == pytest.approx(0.9 + 0.1 * 0.75)
 
 
@@ -211,9 +216,10 @@ def test_rollout_rewards_with_the_judge(rollout_batch):
     rollouts, golds = rollout_batch(seed=3, queries=2, group=3)
     questions = [f"question {q}" for q in range(len(golds))]
     with chat_server(_grade_by_gold_in_prompt) as server:
-        by_judge = rewards.rollout_rewards(rollouts, golds, rewards.RewardConfig(accuracy="judge"),
-                                           questions=questions, judge=_judge(server))
-    by_match = rewards.rollout_rewards(rollouts, golds)
+        judged = dataclasses.replace(MATPO_EXACT, method="judge")
+        by_judge = rewards.rollout_rewards(rollouts, golds, judged, questions=questions,
+                                           judge=_judge(server))
+    by_match = rewards.rollout_rewards(rollouts, golds, MATPO_EXACT)
     assert by_judge.keys() == by_match.keys()
     for rid in by_match:
         assert by_judge[rid].accuracy == by_match[rid].accuracy

@@ -16,7 +16,7 @@ import pytest
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
-from matpo_jax.config import load_config_file, validate_config
+from matpo_jax.config import load_config_file, to_typed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
@@ -46,7 +46,7 @@ def data_dir(tmp_path_factory):
 def test_synthetic_tiny_runs_end_to_end(tmp_path, data_dir):
     from matpo_jax.run.experiment import run_experiment
 
-    cfg = validate_config(load_config_file(TINY, shrink(data_dir, rl_steps=2)), jax.device_count())
+    cfg = to_typed(load_config_file(TINY, shrink(data_dir, rl_steps=2)), jax.device_count())
     workdir = str(tmp_path / "run")
     summary = run_experiment(cfg, workdir)
 
@@ -76,12 +76,12 @@ def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
 
     base = shrink(data_dir, rl_steps=0) + ",sft.modes=matpo+single"
     start = str(tmp_path / "sft_only")
-    summary = run_experiment(validate_config(load_config_file(TINY, base)), start)
+    summary = run_experiment(to_typed(load_config_file(TINY, base)), start)
     assert summary["sft_only"] and not os.path.exists(os.path.join(start, "eval"))
     shared = os.path.join(start, "checkpoints", "sft")
     overrides = f"{shrink(data_dir, rl_steps=1)},rollout.mode=single,sft.init_checkpoint={shared}"
     run = str(tmp_path / "rl")
-    summary = run_experiment(validate_config(load_config_file(TINY, overrides)), run)
+    summary = run_experiment(to_typed(load_config_file(TINY, overrides)), run)
     assert summary["mode"] == "single" and summary["final_eval"]["eval/questions"] == 4
     assert not os.path.exists(os.path.join(run, "checkpoints", "sft"))  # no SFT of its own
     assert not metrics_lib.load_metrics(os.path.join(run, "sft", "metrics.jsonl"))  # no SFT step

@@ -1,0 +1,403 @@
+"""Every field of an experiment, declared once: one frozen dataclass per section, each consumed by
+its stage (the rollout engine reads `RolloutSection`, the tool clients `ToolsSection`, ...).
+
+The ml_collections ConfigDict that config files edit (`base_config()`), the command-line overrides
+and the validation are all derived from these declarations (see configdict.py, validation.py).
+A section object is valid by construction: its fields are checked against their declared type,
+range and choices, and its own cross-field rules, in `__post_init__`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from matpo_jax.config.errors import ConfigError
+from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, Interval, Section,
+                                     group, setting)
+
+DTYPES = ("float32", "bfloat16")
+DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia_text")
+ROLLOUT_MODES = ("matpo", "single")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                     "seq-mean-token-sum-norm", "matpo")
+
+
+# ------------------------------------------------------------------------------------------ model
+@dataclasses.dataclass(frozen=True)
+class ArchSection(Section):
+    """Qwen3 dimensions of a model trained from scratch (names match model.config.Qwen3Config)."""
+
+    PATH = "model.arch"
+    vocab_size: int = setting(2048, "tokenizer and embedding size", range=AT_LEAST_ONE)
+    hidden_size: int = setting(64, "model width", range=AT_LEAST_ONE)
+    intermediate_size: int = setting(192, "MLP hidden units", range=AT_LEAST_ONE)
+    num_hidden_layers: int = setting(2, "decoder layers", range=AT_LEAST_ONE)
+    num_attention_heads: int = setting(4, "query heads", range=AT_LEAST_ONE)
+    num_key_value_heads: int = setting(2, "key/value heads (grouped-query attention)",
+                                       range=AT_LEAST_ONE)
+    head_dim: int = setting(16, "width of one head", range=AT_LEAST_ONE)
+    rope_theta: float = setting(1e6, "rotary embedding base", range=POSITIVE)
+    rms_norm_eps: float = setting(1e-6, "RMSNorm epsilon", range=POSITIVE)
+    tie_word_embeddings: bool = setting(True, "lm head shares the embedding matrix")
+    max_position_embeddings: int = setting(4096, "longest position the model is built for",
+                                           range=AT_LEAST_ONE)
+
+    def consistency_problems(self) -> list[str]:
+        problems = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            problems.append(f"model.arch.num_attention_heads = {self.num_attention_heads}: must be "
+                            f"a multiple of model.arch.num_key_value_heads = "
+                            f"{self.num_key_value_heads}")
+        if self.head_dim % 2:
+            problems.append(f"model.arch.head_dim = {self.head_dim}: must be even (rotary "
+                            f"embeddings rotate pairs)")
+        return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection(Section):
+    """Qwen3-shaped decoder. With `hf_checkpoint` set, its config.json wins over `arch`."""
+
+    PATH = "model"
+    hf_checkpoint: str | None = setting(None, "directory with config.json + *.safetensors")
+    tokenizer: str | None = setting(None, "HF tokenizer dir; None: hf_checkpoint's or the world's "
+                                    "trained one")
+    dtype: str = setting("float32", "activations", choices=DTYPES)
+    param_dtype: str = setting("float32", "parameters and optimizer state", choices=DTYPES)
+    arch: ArchSection = group(ArchSection, "dimensions of a model built from scratch")
+
+
+# ------------------------------------------------------------------------------------------- mesh
+@dataclasses.dataclass(frozen=True)
+class MeshSection(Section):
+    """Device mesh; one axis may be -1 to take the remaining devices. Batch: over data*fsdp."""
+
+    PATH = "mesh"
+    data: int = setting(1, "pure data parallelism (-1: the remaining devices)")
+    fsdp: int = setting(-1, "data parallelism with sharded parameters (-1: the rest)")
+    tensor: int = setting(1, "heads / MLP units split over chips (-1: the rest)")
+
+    def axes(self) -> dict[str, int]:
+        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+
+    def consistency_problems(self) -> list[str]:
+        axes = self.axes()
+        problems = [f"mesh.{axis} = {size}: must be >= 1 or -1 (the rest)"
+                    for axis, size in axes.items() if size != -1 and size < 1]
+        if not problems and list(axes.values()).count(-1) > 1:
+            problems.append(f"mesh: at most one axis may be -1, got {axes}")
+        return problems
+
+
+# ------------------------------------------------------------------------------------------- data
+@dataclasses.dataclass(frozen=True)
+class DataSection(Section):
+    PATH = "data"
+    name: str = setting("synthetic_multihop", "the training dataset", choices=DATASETS)
+    split: str = setting("train", "the split RL questions are drawn from")
+    data_dir: str | None = setting(None, "TFDS data_dir; None: <workdir>/tfds")
+    manual_dir: str | None = setting(None, "downloaded MuSiQue/FRAMES/... files")
+    batch_size: int = setting(4, "questions per RL step (each sampled group_size times)",
+                              range=AT_LEAST_ONE)
+    shuffle_seed: int = setting(0, "order of the RL question stream")
+    world_seed: int = setting(0, "synthetic world: which world to generate")
+    fact_style: str = setting("varied", "synthetic world: 'plain' states every fact one way "
+                              "(easier)", choices=("varied", "plain"))
+    noise: float = setting(0.3, "synthetic world: share of distractor sentences/near-duplicates "
+                           "per page", range=UNIT)
+    num_entities: int = setting(300, "synthetic world size (entities; pages follow)",
+                                range=AT_LEAST_ONE)
+    num_questions: int = setting(4000, "synthetic questions over all splits and hop counts",
+                                 range=AT_LEAST_ONE)
+    max_hops: int = setting(4, "synthetic questions have 1..max_hops hops", range=AT_LEAST_ONE)
+    # > 0 gives SFT demonstrations their own entities (an `sft` split taken from train), so RL
+    # rewards come from reading, never from facts SFT made the model memorise.
+    sft_fraction: float = setting(0.0, "synthetic world: share of entities for SFT only (of the "
+                                  "0.7 train share)", range=Interval(ge=0, lt=0.7))
+    # Their answers were never SFT targets (entities are shared, so facts seen in SFT contexts can
+    # still be recalled).
+    rl_skips_demonstrated: bool = setting(False, "RL draws only train questions SFT did not "
+                                          "demonstrate")
+    # > 0: every word of a held-out entity's name also occurs in train names (a new combination,
+    # not a new token a small model never learned to emit); 0 draws fresh words per name.
+    name_words: int = setting(0, "synthetic world: names from a lexicon of that many pseudo-words",
+                              range=NON_NEGATIVE)
+
+
+# ---------------------------------------------------------------------------------------- rollout
+@dataclasses.dataclass(frozen=True)
+class RolloutSection(Section):
+    """What the rollout engine (agents/rollout.py) runs: roles, group, sampling, budgets."""
+
+    PATH = "rollout"
+    mode: str = setting("matpo", "matpo: planner + workers; single: one agent with the tools",
+                        choices=ROLLOUT_MODES)
+    group_size: int = setting(4, "G samples per question (the GRPO group)", range=AT_LEAST_ONE)
+    temperature: float = setting(1.0, "sampling temperature (0: greedy)", range=NON_NEGATIVE)
+    top_p: float = setting(1.0, "nucleus sampling mass", range=Interval(gt=0, le=1))
+    top_k: int = setting(0, "top-k sampling (0: off)", range=NON_NEGATIVE)
+    max_turns_planner: int = setting(6, "assistant turns of a planner (and of a single agent)",
+                                     range=AT_LEAST_ONE)
+    max_turns_worker: int = setting(6, "tool-loop turns of a worker (its final summary on top)",
+                                    range=AT_LEAST_ONE)
+    max_context: int = setting(2048, "tokens per rollout (prompt + everything after it)",
+                               range=AT_LEAST_ONE)
+    max_new_tokens_per_turn: int = setting(256, "tokens of one assistant turn", range=AT_LEAST_ONE)
+    max_worker_calls_per_turn: int = setting(1, "subagent calls one planner turn may make (the "
+                                             "rest get an error)", range=AT_LEAST_ONE)
+    decode_slots: int = setting(32, "concurrent sequences in the decode batch", range=AT_LEAST_ONE)
+    # Off: prefill every prompt in full.
+    reuse_prefixes: bool = setting(True, "compute each role's system turn (and each question's "
+                                   "prompt, shared by its G samples) once per batch")
+    # For remote tools with real latency; with the local search server (~1 ms a call) waiting is
+    # cheaper than the extra re-admissions.
+    async_tools: bool = setting(False, "tool calls run in the background while the batch decodes "
+                                "on (their agents give up their slots)")
+    report_max_chars: int = setting(1000, "worker report handed to the planner is cut here",
+                                    range=AT_LEAST_ONE)
+    final_summary: bool = setting(True, "give a stopped worker one no-tools turn to write its "
+                                  "report")
+    final_summary_max_tokens: int = setting(256, "tokens of that turn (at most "
+                                            "max_new_tokens_per_turn: the turn buffer)",
+                                            range=AT_LEAST_ONE)
+    user_query_recap: bool = setting(True, "the worker also sees the planner's question")
+    malformed_tool_call: str = setting("error_message", "error_message: the model reads an error; "
+                                       "end_rollout: the reference behaviour",
+                                       choices=("error_message", "end_rollout"))
+
+    @property
+    def summary_tokens(self) -> int:
+        """Tokens a worker's final-summary turn may sample (never past the turn buffer)."""
+        return min(self.final_summary_max_tokens, self.max_new_tokens_per_turn)
+
+    def consistency_problems(self) -> list[str]:
+        if self.max_new_tokens_per_turn >= self.max_context:
+            return [f"rollout.max_new_tokens_per_turn = {self.max_new_tokens_per_turn}: must be < "
+                    f"rollout.max_context = {self.max_context}"]
+        return []
+
+
+# ------------------------------------------------------------------------------------------ tools
+@dataclasses.dataclass(frozen=True)
+class ToolsSection(Section):
+    """The workers' search and open tools (tools/clients.py, built by run.runtime.make_toolbox)."""
+
+    PATH = "tools"
+    search_backend: str = setting("local", "local: our BM25 server over the world's corpus; "
+                                  "serper / retrieval: a remote service at search_url",
+                                  choices=("local", "serper", "retrieval"))
+    search_url: str | None = setting(None, "serper / retrieval endpoint; local: started by us")
+    page_url: str | None = setting(None, "page reader endpoint; None: search_url's service")
+    api_key_env: str = setting("SERPER_API_KEY", "env var holding the serper API key (never the "
+                               "key itself)")
+    num_results: int = setting(5, "search hits per call when the model does not ask for a number",
+                               range=AT_LEAST_ONE)
+    timeout_s: float = setting(30.0, "per socket read of a tool call", range=POSITIVE)
+    retries: int = setting(2, "extra attempts after the first", range=NON_NEGATIVE)
+    max_response_chars: int = setting(2000, "tool output is cut here before entering the context",
+                                      range=AT_LEAST_ONE)
+
+
+# ----------------------------------------------------------------------------------------- reward
+@dataclasses.dataclass(frozen=True)
+class RewardSection(Section):
+    """Accuracy (exact match, token F1 >= threshold, or an LLM judge) + tool-call format reward."""
+
+    PATH = "reward"
+    method: str = setting("exact", "how an answer is graded", choices=("exact", "f1", "judge"))
+    f1_threshold: float = setting(0.8, "f1: token F1 that counts as correct", range=UNIT)
+    judge_url: str | None = setting(None, "OpenAI-compatible base URL, ends before /chat/...")
+    judge_model: str = setting("gpt-4o-mini", "the judge's model name")
+    judge_api_key_env: str = setting("OPENAI_API_KEY", "env var holding the judge's API key")
+
+
+# ------------------------------------------------------------------------------------------ rl
+@dataclasses.dataclass(frozen=True)
+class RLSection(Section):
+    """The RL update: optimizer, clipped surrogate, loss aggregation, advantages, packing."""
+
+    PATH = "rl"
+    lr: float = setting(1e-5, "peak learning rate", range=POSITIVE)
+    weight_decay: float = setting(0.01, "AdamW decay on matrices (also SFT's)", range=NON_NEGATIVE)
+    grad_clip: float = setting(1.0, "global-norm clip (also SFT's); 0: off", range=NON_NEGATIVE)
+    schedule: str = setting("constant", "lr after warmup: constant, or cosine / linear decay to 0 "
+                            "at train.steps", choices=("constant", "cosine", "linear"))
+    warmup_steps: int = setting(0, "optimizer steps of linear warmup", range=NON_NEGATIVE)
+    adam_b1: float = setting(0.9, "Adam first-moment decay", range=Interval(ge=0, lt=1))
+    adam_b2: float = setting(0.999, "Adam second-moment decay", range=Interval(ge=0, lt=1))
+    eps_low: float = setting(0.2, "ratio clip range [1 - eps_low, 1 + eps_high]",
+                             range=Interval(ge=0, lt=1))  # 1 - eps_low must stay positive
+    eps_high: float = setting(0.2, "upper ratio clip", range=NON_NEGATIVE)
+    dual_clip_c: float = setting(3.0, "bound on the loss of negative-advantage tokens (> 1)",
+                                 range=Interval(gt=1))  # c <= 1 would clip below the ordinary clip
+    loss_agg: str = setting("token-mean", "how token losses are averaged",
+                            choices=LOSS_AGGREGATIONS)
+    seq_mean_denominator: str = setting("sequences", "seq-mean modes: divide by sequences, or by "
+                                        "planners (the reference release)",
+                                        choices=("sequences", "planners"))
+    loss_agg_norm: float = setting(0.0, "seq-mean-token-sum-norm divisor; 0: padded row length",
+                                   range=NON_NEGATIVE)
+    norm_by_std: bool = setting(True, "GRPO advantages (r - mean) / std; False: Dr.GRPO r - mean")
+    group_by: str = setting("planner", "planner: workers share their planner's advantage; role: "
+                            "workers grouped on their own (ablation)", choices=("planner", "role"))
+    kl_coef: float = setting(0.0, "KL penalty to the reference policy (0 only: no reference "
+                             "log-probs are computed yet)", range=NON_NEGATIVE)
+    kl_type: str = setting("low_var_kl", "KL estimator", choices=("k1", "low_var_kl"))
+    entropy_coef: float = setting(0.0, "entropy bonus", range=NON_NEGATIVE)
+    ppo_mini_batches: int = setting(1, "optimizer steps per pass over the RL batch",
+                                    range=AT_LEAST_ONE)
+    ppo_epochs: int = setting(1, "passes over the RL batch", range=AT_LEAST_ONE)
+    micro_batches: int = setting(1, "gradient-accumulation chunks per optimizer step",
+                                 range=AT_LEAST_ONE)
+    pack_rows: int = setting(8, "rows of one packed micro-batch (a fixed shape: one compile)",
+                             range=AT_LEAST_ONE)
+    pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
+                            range=AT_LEAST_ONE)
+
+
+# ------------------------------------------------------------------------------------------ sft
+@dataclasses.dataclass(frozen=True)
+class SFTSection(Section):
+    """Supervised warm start on scripted demonstrations of both roles, before RL."""
+
+    PATH = "sft"
+    steps: int = setting(200, "SFT optimizer steps (0: none)", range=NON_NEGATIVE)
+    lr: float = setting(1e-3, "peak lr (warmup, cosine to 10%)", range=POSITIVE)
+    batch_size: int = setting(8, "packed rows per step", range=AT_LEAST_ONE)
+    num_demos: int = setting(512, "questions turned into demonstrations", range=NON_NEGATIVE)
+    modes: str = setting("", "demonstrated ways of working, e.g. 'matpo+single'; '': rollout.mode")
+    # RL runs of different methods/seeds then share one SFT starting point.
+    init_checkpoint: str | None = setting(None, "start from another run's SFT checkpoints (its "
+                                          "<workdir>/checkpoints/sft) instead of training")
+    wasted_search: float = setting(0.1, "oracle detours per hop: an off-target search first",
+                                   range=UNIT)
+    wrong_open: float = setting(0.1, "oracle detours per hop: open a wrong result first",
+                                range=UNIT)
+    # Copy pre-training (run/copy_pretraining.py): "span, separator, same span" rows cut from the
+    # world's corpus, loss on the repeat only, before SFT step 0 with its own optimizer.
+    copy_steps: int = setting(0, "copy pre-training steps before SFT (0: off)", range=NON_NEGATIVE)
+    copy_span: int = setting(64, "tokens per copied span (a sequence is 2 * copy_span + 1 tokens)",
+                             range=AT_LEAST_ONE)
+    copy_shuffle: bool = setting(False, "permute each span's tokens: only copying predicts the "
+                                 "repeat")
+    copy_lr: float = setting(0.0, "peak lr of the copy phase; 0: sft.lr", range=NON_NEGATIVE)
+    copy_every: int = setting(0, "every n-th SFT step trains on a copy batch instead (rehearsal); "
+                              "0: off", range=NON_NEGATIVE)
+    # The loss is renormalised so it stays a weighted mean. 1.0 = plain cross-entropy.
+    copy_weight: float = setting(1.0, "loss weight of trainable tokens that copy a span of the "
+                                 "context (tool arguments, answers, facts)", range=POSITIVE)
+    # Grows a from-scratch model's copy (induction) heads.
+    context_lm_weight: float = setting(0.0, "language-modelling loss on the demonstrations' "
+                                       "context tokens, relative to a trainable token",
+                                       range=NON_NEGATIVE)
+
+
+# ------------------------------------------------------------------------------------------ train
+@dataclasses.dataclass(frozen=True)
+class TrainSection(Section):
+    PATH = "train"
+    steps: int = setting(100, "RL steps (0: SFT only)", range=NON_NEGATIVE)
+    seed: int = setting(0, "model init, sampling and data order")
+    log_every: int = setting(1, "steps between metric records", range=AT_LEAST_ONE)
+    eval_every: int = setting(25, "RL steps between evaluations (0: never)", range=NON_NEGATIVE)
+    checkpoint_every: int = setting(25, "steps between checkpoints (0: only at the end)",
+                                    range=NON_NEGATIVE)
+    keep_checkpoints: int = setting(3, "newest checkpoints kept per phase", range=AT_LEAST_ONE)
+    async_checkpointing: bool = setting(True, "write checkpoints in the background")
+
+
+# ------------------------------------------------------------------------------------------- eval
+@dataclasses.dataclass(frozen=True)
+class EvalSection(Section):
+    PATH = "eval"
+    datasets: tuple[str, ...] = setting(("synthetic_multihop",), "datasets evaluated",
+                                        choices=DATASETS)
+    split: str = setting("validation", "the split evaluated")
+    num_questions: int = setting(64, "first questions of the split (0: the whole split)",
+                                 range=NON_NEGATIVE)
+    temperature: float = setting(0.0, "sampling temperature of evaluation (0: greedy)",
+                                 range=NON_NEGATIVE)
+
+
+# ------------------------------------------------------------------------------------ experiment
+# Splits of the synthetic world (data/synthetic_world.py SPLITS; "sft" exists when
+# data.sft_fraction > 0). A test keeps the two lists equal.
+SYNTHETIC_SPLITS = ("train", "validation", "test")
+SYNTHETIC_SFT_SPLIT = "sft"
+
+
+def sft_modes(cfg) -> tuple[str, ...]:
+    """The ways of working SFT demonstrates: `sft.modes` ("matpo+single"), or the rollout mode."""
+    return tuple(m.strip() for m in str(cfg.sft.modes or cfg.rollout.mode).split("+") if m.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole experiment; every field of every section. Built from a config file's ConfigDict by
+    `to_typed`, or directly; either way valid (each section checks itself, and this class the
+    rules between sections)."""
+
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+    data: DataSection = dataclasses.field(default_factory=DataSection)
+    rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+    tools: ToolsSection = dataclasses.field(default_factory=ToolsSection)
+    reward: RewardSection = dataclasses.field(default_factory=RewardSection)
+    rl: RLSection = dataclasses.field(default_factory=RLSection)
+    sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+
+    def __post_init__(self):
+        problems = self.consistency_problems()
+        if problems:
+            raise ConfigError(problems)
+
+    @classmethod
+    def unchecked(cls, sections: dict[str, Section]) -> "ExperimentConfig":
+        """Without the rules between sections (to_typed collects every problem before raising)."""
+        obj = object.__new__(cls)
+        for name, section in sections.items():
+            object.__setattr__(obj, name, section)
+        return obj
+
+    def to_dict(self) -> dict:
+        """Nested plain dict (tuples kept), e.g. for config.json."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections) -> "ExperimentConfig":
+        return dataclasses.replace(self, **sections)
+
+    def consistency_problems(self) -> list[str]:
+        """The rules between sections: what would otherwise fail (or mislead) later in the run."""
+        problems = []
+        ro = self.rollout
+        if self.rl.pack_len < ro.max_context:
+            problems.append(f"rl.pack_len = {self.rl.pack_len}: must be >= rollout.max_context = "
+                            f"{ro.max_context} so every rollout fits in one packed row")
+        if self.reward.method == "judge" and not self.reward.judge_url:
+            problems.append("reward.judge_url must be set when reward.method = 'judge'")
+        if self.tools.search_backend != "local" and not self.tools.search_url:
+            problems.append(f"tools.search_url must be set when tools.search_backend = "
+                            f"{self.tools.search_backend!r}")
+        for mode in sft_modes(self):
+            if mode not in ROLLOUT_MODES:
+                problems.append(f"sft.modes = {self.sft.modes!r}: {mode!r} is not one of "
+                                f"{', '.join(ROLLOUT_MODES)}")
+        if self.rl.kl_coef > 0:
+            problems.append(f"rl.kl_coef = {self.rl.kl_coef!r}: must be 0 (the RL step computes "
+                            f"no reference-policy log-probs to take a KL to)")
+        if self.sft.steps > 0 and self.sft.num_demos == 0 and not self.sft.init_checkpoint:
+            problems.append(f"sft.num_demos = 0: SFT (sft.steps = {self.sft.steps}) needs "
+                            f"demonstrations; set sft.steps = 0 to skip it")
+        if self.data.name == "synthetic_multihop":
+            splits = SYNTHETIC_SPLITS + ((SYNTHETIC_SFT_SPLIT,) if self.data.sft_fraction > 0
+                                         else ())
+            for path, split in (("data.split", self.data.split), ("eval.split", self.eval.split)):
+                if split not in splits:
+                    problems.append(f"{path} = {split!r}: the synthetic world's splits are "
+                                    f"{', '.join(splits)}")
+        return problems
+
+
+SECTIONS: dict[str, type[Section]] = {
+    f.name: f.default_factory for f in dataclasses.fields(ExperimentConfig)}

@@ -1,0 +1,76 @@
+"""The typed config reaches the stages as they need it: tool settings in the HTTP requests the
+search clients send, every offered rl.schedule as a working optimizer, sft.steps=0 accepted."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from matpo_jax.config import ExperimentConfig, RLSection, SFTSection, ToolsSection, TrainSection
+from matpo_jax.run import runtime
+from matpo_jax.trainer import step as step_lib
+
+
+def test_search_requests_carry_num_results_and_the_configured_key(scripted_server, respond,
+                                                                  monkeypatch):
+    hits = {"organic": [{"title": f"T{i}", "link": f"d{i}", "snippet": "s" * 50}
+                        for i in range(3)]}
+    server = scripted_server(respond(200, hits))
+    monkeypatch.setenv("MATPO_TEST_SEARCH_KEY", "secret-1")
+    tools = ToolsSection(search_backend="serper", search_url=server.url, num_results=3,
+                         api_key_env="MATPO_TEST_SEARCH_KEY", max_response_chars=60, retries=0)
+    box = runtime.make_toolbox(tools, "http://127.0.0.1:9")
+    result = box.call("search", {"query": "who"})
+    _, path, headers, body = server.requests[-1]
+    assert path == "/search" and json.loads(body) == {"q": "who", "num": 3}
+    assert headers["X-API-KEY"] == "secret-1"
+    # Cut at tools.max_response_chars: what rollouts and SFT demonstrations both put in context.
+    assert result.ok and len(result.text) == 60 and result.text.startswith("1. T0")
+    box.call("search", {"query": "who", "num": 2})  # the model's own number wins
+    assert json.loads(server.requests[-1][3])["num"] == 2
+
+
+def test_local_search_returns_num_results_hits(search_server):
+    box = runtime.make_toolbox(ToolsSection(num_results=1), search_server.url)
+    text = box.call("search", {"query": "Northwind Company founder"}).text
+    assert text.count('(id: "') == 1
+    box = runtime.make_toolbox(ToolsSection(num_results=3), search_server.url)
+    assert box.call("search", {"query": "Northwind Company founder"}).text.count('(id: "') == 3
+
+
+def learning_rates(cfg: ExperimentConfig) -> np.ndarray:
+    schedule = step_lib.learning_rate_schedule(runtime.optimizer_config(cfg, "rl"))
+    updates = cfg.train.steps * cfg.rl.ppo_mini_batches
+    return np.array([float(schedule(k)) for k in range(updates)])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "linear"])
+def test_every_offered_schedule_builds_a_working_optimizer(schedule):
+    cfg = ExperimentConfig(rl=RLSection(lr=1e-3, schedule=schedule, warmup_steps=4,
+                                        ppo_mini_batches=2), train=TrainSection(steps=20))
+    lrs = learning_rates(cfg)
+    np.testing.assert_allclose(lrs[:4], 1e-3 * np.arange(1, 5) / 4, rtol=1e-6)  # warmup
+    after = lrs[4:]
+    if schedule == "constant":
+        np.testing.assert_allclose(after, 1e-3, rtol=1e-6)
+    else:  # decays over the run's 40 optimizer updates, to 0 at the last
+        assert np.all(np.diff(after) < 0) and after[-1] < 1e-4
+        np.testing.assert_allclose(float(step_lib.learning_rate_schedule(
+            runtime.optimizer_config(cfg, "rl"))(39)), 0.0, atol=1e-9)
+    tx = step_lib.make_optimizer(runtime.optimizer_config(cfg, "rl"))
+    params = {"w": np.ones((2, 2), np.float32)}
+    updates, _ = tx.update({"w": np.ones((2, 2), np.float32)}, tx.init(params), params)
+    assert np.all(np.isfinite(np.asarray(updates["w"])))
+
+
+def test_constant_without_warmup_is_the_plain_constant_schedule():
+    cfg = ExperimentConfig(rl=RLSection(lr=2e-5))
+    assert runtime.optimizer_config(cfg, "rl").schedule == "constant"
+    np.testing.assert_allclose(learning_rates(cfg), 2e-5, rtol=1e-6)
+
+
+def test_sft_steps_zero_builds_its_optimizer():
+    """The pod config skips SFT (sft.steps=0): its optimizer is still built before the loop."""
+    cfg = ExperimentConfig(sft=SFTSection(steps=0))
+    step_lib.make_optimizer(runtime.optimizer_config(cfg, "sft"))
