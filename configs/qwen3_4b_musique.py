@@ -77,7 +77,7 @@ def get_config(arg=None):
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 3
 
-    c.eval.datasets = ("gaia_text", "frames", "webwalkerqa")
+    c.eval.datasets = ("gaia", "frames", "webwalkerqa")
     c.eval.split = "test"
     c.eval.num_questions = 0  # all: GAIA-text 103, FRAMES 824, WebWalkerQA 680
     c.eval.temperature = 0.0

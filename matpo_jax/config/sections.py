@@ -15,7 +15,7 @@ from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT,
                                      group, setting)
 
 DTYPES = ("float32", "bfloat16")
-DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia_text")
+DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 ROLLOUT_MODES = ("matpo", "single")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")

@@ -1,7 +1,7 @@
 """Benchmark evaluation: K sampled answers per question, graded, written as they come, resumable.
 
     questions = benchmark_questions("frames", records)          # decoded loader records
-    grader = Grader("judge", judge=LLMJudge(JudgeConfig(base_url=URL)))
+    grader = Grader("judge", judge=LLMJudge(JudgeConfig(base_url=URL, model=..., api_key_env=...)))
     sample = rollout_sampler(model_state, graphdef, chat, toolbox, rollout_cfg, seed, "frames")
     results = evaluate_dataset(questions, sample, grader, samples=4, out_dir=D, decode=chat.decode)
 
@@ -32,7 +32,8 @@ from typing import Callable, Sequence
 
 import jax
 
-from matpo_jax.agents.rollout import RolloutConfig, run_rollouts
+from matpo_jax.agents.rollout import run_rollouts
+from matpo_jax.config import RolloutSection
 from matpo_jax.agents.trajectory import WORKER, Rollout
 from matpo_jax.rl import judge as judge_lib
 from matpo_jax.rl import rewards as rewards_lib
@@ -167,7 +168,7 @@ def sample_outcomes(rollouts: Sequence[Rollout], num_questions: int, samples: in
     return table
 
 
-def rollout_sampler(model_state, graphdef, chat, toolbox, config: RolloutConfig, seed: int,
+def rollout_sampler(model_state, graphdef, chat, toolbox, config: RolloutSection, seed: int,
                     dataset: str) -> RolloutFn:
     """Rollouts of the model; batch b of a dataset always samples with the same key."""
     salt = zlib.crc32(dataset.encode())

@@ -35,7 +35,6 @@ from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.trainer import checkpoint as ckpt_lib
 
 log = logging.getLogger(__name__)
-ALIASES = {"gaia_text": "gaia/text"}  # config/schema.py's spelling of GAIA's text subset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +54,6 @@ class BenchmarkOptions:
 
 def parse_dataset(spec: str) -> tuple[str, str | None]:
     """"gaia/all" -> ("gaia", "all"); "frames" -> ("frames", None)."""
-    spec = ALIASES.get(spec, spec)
     name, _, config = spec.partition("/")
     if name not in loader_lib.DATASET_NAMES:
         raise ValueError(f"dataset {spec!r}: known datasets are "
@@ -83,9 +81,8 @@ def restore_model(cfg, mesh, checkpoint: str | None):
     config.json is a Hugging Face checkpoint; anything else is read as an Orbax checkpoint of this
     code's trainer (only the parameters; the optimizer state is not read)."""
     if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")):
-        cfg = cfg.copy_and_resolve_references()
-        with cfg.unlocked():
-            cfg.model.hf_checkpoint = checkpoint
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
+                                                                 hf_checkpoint=checkpoint))
         return nnx.split(build_model(cfg, mesh))
     graphdef, params, frozen = nnx.split(build_model(cfg, mesh), nnx.Param, ...)
     if checkpoint:
@@ -115,7 +112,7 @@ def tokenizer_dir(cfg, checkpoint: str | None = None) -> str | None:
 def make_grader(cfg, options: BenchmarkOptions) -> benchmark_eval.Grader:
     method = options.grader or cfg.reward.method
     if method != "judge":
-        return benchmark_eval.Grader(method, f1_threshold=float(cfg.reward.f1_threshold))
+        return benchmark_eval.Grader(method, f1_threshold=cfg.reward.f1_threshold)
     url = options.judge_url or cfg.reward.judge_url
     if not url:
         raise ValueError("grader 'judge' needs an endpoint: --judge_url or reward.judge_url")
@@ -185,7 +182,7 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         log.warning("%d samples at temperature 0 are %d copies of one answer: set "
                     "--temperature (or eval.temperature) above 0 for avg@K / pass@K",
                     options.samples, options.samples)
-    batch_size = options.batch_size or max(1, int(cfg.rollout.decode_slots) // options.samples)
+    batch_size = options.batch_size or max(1, cfg.rollout.decode_slots // options.samples)
     corpus = _corpus(cfg, options, specs, data_dir, world_assets)
 
     summaries = {}
@@ -193,11 +190,11 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         server = stack.enter_context(SearchServer(corpus)) if corpus else None
         if server is not None:
             log.info("local search service over %s", corpus)
-        toolbox = make_toolbox(cfg, server.url if server is not None else None)
+        toolbox = make_toolbox(cfg.tools, server.url if server is not None else None)
         for (name, config), qs in questions.items():
             label = _output_name(name, config)
             sample = benchmark_eval.rollout_sampler(model_state, graphdef, chat, toolbox,
-                                                    rollout_cfg, int(cfg.train.seed), label)
+                                                    rollout_cfg, cfg.train.seed, label)
             results = benchmark_eval.evaluate_dataset(
                 qs, sample, grader, samples=options.samples,
                 out_dir=os.path.join(options.workdir, label), batch_size=batch_size,

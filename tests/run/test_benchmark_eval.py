@@ -59,7 +59,8 @@ class ScriptedPolicy:
 
 
 def judge(server, retries=1):
-    return LLMJudge(JudgeConfig(base_url=server.url, max_retries=retries, backoff_s=0.01,
+    return LLMJudge(JudgeConfig(base_url=server.url, model="judge", api_key_env="MATPO_TEST_JUDGE_KEY",
+                                max_retries=retries, backoff_s=0.01,
                                 max_concurrency=4))
 
 

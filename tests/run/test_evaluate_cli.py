@@ -4,6 +4,8 @@ paragraphs, the local judge server -> results, transcripts and the table; a reru
 everything done."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import subprocess
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from matpo_jax.config import load_config_file, validate_config
+from matpo_jax.config import load_config_file, to_typed
 from matpo_jax.run import benchmark_job
 from matpo_jax.run.runtime import build_model, make_mesh
 from matpo_jax.trainer import checkpoint as ckpt_lib
@@ -42,7 +44,7 @@ def overrides(tokenizer_dir, data_dir, judge_url) -> list[str]:
 
 
 def config(tokenizer_dir, data_dir, judge_url):
-    return validate_config(load_config_file(BASE, ",".join(
+    return to_typed(load_config_file(BASE, ",".join(
         overrides(tokenizer_dir, data_dir, judge_url))), jax.device_count())
 
 
@@ -50,8 +52,7 @@ def config(tokenizer_dir, data_dir, judge_url):
 def checkpoint(tmp_path, tokenizer_dir, judge_server):
     """A run directory whose RL checkpoint holds parameters of another seed than the config's."""
     cfg = config(tokenizer_dir, tmp_path / "tfds", judge_server.url)
-    with cfg.unlocked():
-        cfg.train.seed = 7
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=7))
     _, params, _ = nnx.split(build_model(cfg, make_mesh(cfg)), nnx.Param, ...)
     run = tmp_path / "run"
     with ckpt_lib.Checkpointer(run / "checkpoints" / "rl", async_save=False) as c:
