@@ -219,6 +219,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 25  # 0: only at the end
     c.train.keep_checkpoints = 3
     c.train.async_checkpointing = True
+    # Consecutive steps whose update was skipped (non-finite loss, gradient or parameters) after
+    # which a phase stops, naming the step and the last good checkpoint; 0: never stop.
+    c.train.max_nonfinite_steps = 3
 
     c.eval = ml_collections.ConfigDict()
     c.eval.datasets = ("synthetic_multihop",)
@@ -312,6 +315,7 @@ RANGES: dict[str, Interval] = {
     "train.eval_every": NON_NEGATIVE,
     "train.checkpoint_every": NON_NEGATIVE,
     "train.keep_checkpoints": AT_LEAST_ONE,
+    "train.max_nonfinite_steps": NON_NEGATIVE,
     "eval.num_questions": NON_NEGATIVE,
     "eval.temperature": NON_NEGATIVE,
 }

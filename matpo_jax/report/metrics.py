@@ -21,6 +21,8 @@ from tensorboardX import summary as tensorboard_summary
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2, summary_pb2
 
+from matpo_jax.report.files import write_text_atomic
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 ROLES = ("planner", "worker", "single")  # the roles of agents.trajectory
@@ -60,9 +62,8 @@ class MetricsWriter:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            kept = [r for r in read_records(self.path) if r.get("step", -1) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if resume_step is not None:
+            self._drop_after(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard:
             # tensorboardX's SummaryWriter hands events to a background thread and its flush()
@@ -70,6 +71,19 @@ class MetricsWriter:
             logdir = Path(workdir) / TENSORBOARD_DIR
             logdir.mkdir(parents=True, exist_ok=True)
             self._tb = EventsWriter(str(logdir / "events"))
+
+    def _drop_after(self, step: int) -> None:
+        if self.path.exists():
+            kept = [r for r in read_records(self.path) if r.get("step", -1) <= step]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def truncate_after(self, step: int) -> None:
+        """Drops the records of steps after `step` (a resumed run is about to redo them)."""
+        if not self.enabled:
+            return
+        self._file.close()
+        self._drop_after(step)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         """Logs one record {step, time, **metrics}; values must be numeric scalars."""

@@ -16,6 +16,7 @@ from matpo_jax.agents import rollout as rollout_lib
 from matpo_jax.tools import clients as tools_lib
 from matpo_jax.config import resolve_mesh_shape
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, load_pretrained
+from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import step as step_lib
 from matpo_jax.chat import ChatFormat
@@ -90,6 +91,23 @@ def step_config(cfg, phase: str) -> step_lib.TrainStepConfig:
                                     micro_batches=int(cfg.rl.micro_batches),
                                     ppo_mini_batches=int(cfg.rl.ppo_mini_batches),
                                     ppo_epochs=int(cfg.rl.ppo_epochs))
+
+
+def loop_config(cfg, phase: str, checkpoint_dir: str | None) -> loop_lib.LoopConfig:
+    """The training loop of a phase ("copy", "sft" or "rl"); checkpoints in `checkpoint_dir`."""
+    train = cfg.train
+    shared = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=train.checkpoint_every,
+                  keep_checkpoints=train.keep_checkpoints,
+                  async_checkpointing=train.async_checkpointing, log_every=train.log_every,
+                  max_nonfinite_steps=train.max_nonfinite_steps, seed=train.seed)
+    if phase == "copy":
+        return loop_lib.LoopConfig(name="copy", steps=cfg.sft.copy_steps, metric_prefix="copy/",
+                                   progress_keys=("copy/loss",), **shared)
+    if phase == "sft":
+        return loop_lib.LoopConfig(name="sft", steps=cfg.sft.steps, metric_prefix="sft/",
+                                   progress_keys=("sft/loss",), **shared)
+    return loop_lib.LoopConfig(name=f"rl[{cfg.rollout.mode}]", steps=train.steps,
+                               progress_keys=("reward/mean", "reward/accuracy", "loss"), **shared)
 
 
 def rollout_config(cfg, *, evaluation: bool = False) -> rollout_lib.RolloutConfig:
