@@ -40,7 +40,7 @@ from matpo_jax.chat import (TOOL_CALL_OPEN, ChatFormat, MalformedToolCall, ToolC
                             parse_tool_call, strip_think)
 from matpo_jax.agents import prompts
 from matpo_jax import tools
-from matpo_jax.agents.rollout_metrics import rollout_metrics, slot_metrics
+from matpo_jax.agents.rollout_metrics import slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
 
@@ -175,11 +175,12 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
             prefixes=engine.scheduler.prefixes)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
-    metrics = rollout_metrics(rollouts, cfg)
-    metrics.update(engine.counters)
+    # The decode traffic; the trajectory statistics are rollout_metrics.rollout_stats(rollouts).
+    metrics = dict(engine.counters)
     metrics.update(slot_metrics(loop, engine.scheduler, cfg),
                    wall_time_s=time.perf_counter() - start)
-    metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
+    top_level = sum(r.role != WORKER for r in rollouts)
+    metrics["rollouts_per_s"] = top_level / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
 
 
@@ -517,4 +518,4 @@ def _split_tool_calls(text: str) -> list[str]:
 
 
 __all__ = ["RolloutConfig", "RolloutConfigError", "RolloutBatch", "run_rollouts",
-           "rollout_metrics", "FINISH_REASONS"]
+           "FINISH_REASONS"]

@@ -15,6 +15,7 @@ import jax
 from matpo_jax import config as config_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
+from matpo_jax.report.files import write_json_atomic
 from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.run.evaluation import evaluate
 from matpo_jax.run.rl import latest_rl_step, make_judge, model_state, run_rl
@@ -27,18 +28,21 @@ SUMMARY_FILE = "summary.json"
 
 
 def _cached_eval(rt: Runtime, tag: str, compute):
-    """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline)."""
+    """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
+    one that does not parse (torn by a crash before writes were atomic) is run again."""
     path = rt.path("eval", f"{tag}.json")
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except json.JSONDecodeError:
+            log.warning("%s does not parse; evaluating again", path)
     return compute()
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
     if jax.process_index() == 0:
-        with open(rt.path(SUMMARY_FILE), "w") as f:
-            json.dump(summary, f, indent=1, sort_keys=True)
+        write_json_atomic(rt.path(SUMMARY_FILE), summary, indent=1, sort_keys=True)
     return summary
 
 

@@ -20,6 +20,7 @@ from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.run import sft as sft_lib
 from matpo_jax.agents.rollout import run_rollouts
+from matpo_jax.agents.rollout_metrics import rollout_stats
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.rl import batch as batch_lib
 from matpo_jax.rl import rewards as rewards_lib
@@ -138,7 +139,7 @@ class _RLSteps:
         if self.reference is not None:
             batch = dataclasses.replace(batch, ref_logprobs=self.ref_logprobs(*self.reference,
                                                                              batch))
-        metrics.update(metrics_lib.rollout_stats(rollout_batch.rollouts))
+        metrics.update(rollout_stats(rollout_batch.rollouts))
         metrics.update({f"rollout/{k}": v for k, v in rollout_batch.metrics.items()
                         if np.isscalar(v)})
         metrics.update(time_rollout_s=t1 - t0, time_batch_s=time.perf_counter() - t1)

@@ -94,6 +94,9 @@ def run(workdir: str, steps: int, **kwargs):
 
 
 if __name__ == "__main__":
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    logging.getLogger("matpo_jax.trainer").setLevel(logging.INFO)  # "resumed at step N"
     workdir, total = sys.argv[1], int(sys.argv[2])
     final = run(workdir, total, step_sleep=float(os.environ.get("STEP_SLEEP", "0")))
     path = os.path.join(workdir, FINAL_PARAMS)
