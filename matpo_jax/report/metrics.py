@@ -16,10 +16,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tqdm
-from tensorboardX import summary as tensorboard_summary
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto import event_pb2, summary_pb2
-
 from matpo_jax.report.files import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,6 +63,10 @@ class MetricsWriter:
         if tensorboard:
             # tensorboardX's SummaryWriter hands events to a background thread and its flush()
             # does not wait for them; its synchronous EventsWriter makes "written" mean on disk.
+            # Imported here: tensorboardX imports torch (seconds), which a run without
+            # TensorBoard files never needs.
+            from tensorboardX.event_file_writer import EventsWriter
+
             logdir = Path(workdir) / TENSORBOARD_DIR
             logdir.mkdir(parents=True, exist_ok=True)
             self._tb = EventsWriter(str(logdir / "events"))
@@ -93,6 +93,8 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")  # NaN/inf written as JSON5 tokens, read back
         self._file.flush()
         if self._tb is not None:
+            from tensorboardX.proto import summary_pb2
+
             summary = summary_pb2.Summary(value=[
                 summary_pb2.Summary.Value(tag=name, simple_value=value)
                 for name, value in record.items() if name not in ("step", "time")])
@@ -102,9 +104,13 @@ class MetricsWriter:
     def write_text(self, step: int, tag: str, text: str) -> None:
         """A text sample (e.g. one decoded rollout) for TensorBoard's text tab."""
         if self._tb is not None:
+            from tensorboardX import summary as tensorboard_summary
+
             self._write_event(int(step), time.time(), tensorboard_summary.text(tag, text))
 
     def _write_event(self, step: int, wall_time: float, summary) -> None:
+        from tensorboardX.proto import event_pb2
+
         self._tb.write_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
         self._tb.flush()
 
