@@ -206,9 +206,9 @@ def summarise(runs, batch, config: RolloutSection) -> dict:
                                  / arms["mixed, prefixes prefilled per sequence"]["rollouts_per_s"]),
         "arms": arms,
         "batch": {"questions": len(PLANNERS), "group_size": config.group_size,
-                  "planner_rollouts": batch.metrics["num_top_level"],
-                  "worker_rollouts": batch.metrics["num_workers"], "slots": config.decode_slots,
-                  "max_context": config.max_context,
+                  "planner_rollouts": sum(r.role == "planner" for r in batch.rollouts),
+                  "worker_rollouts": sum(r.role == "worker" for r in batch.rollouts),
+                  "slots": config.decode_slots, "max_context": config.max_context,
                   "max_new_tokens": config.max_new_tokens_per_turn,
                   "worker_tool_calls": {"long": len(LONG.calls), "short": len(SHORT.calls)},
                   "lanes": (engine_options(config).injection_lanes

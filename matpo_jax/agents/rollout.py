@@ -42,7 +42,7 @@ from matpo_jax.agents import prompts
 from matpo_jax import tools
 from matpo_jax.config.sections import RolloutSection
 from matpo_jax.agents.engine_options import EngineOptions
-from matpo_jax.agents.rollout_metrics import rollout_metrics, slot_metrics
+from matpo_jax.agents.rollout_metrics import slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
 
@@ -102,11 +102,12 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
             lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
-    metrics = rollout_metrics(rollouts, cfg)
-    metrics.update(engine.counters)
+    # The decode traffic; the trajectory statistics are rollout_metrics.rollout_stats(rollouts).
+    metrics = dict(engine.counters)
     metrics.update(slot_metrics(loop, engine.scheduler, cfg, options),
                    wall_time_s=time.perf_counter() - start)
-    metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
+    top_level = sum(r.role != WORKER for r in rollouts)
+    metrics["rollouts_per_s"] = top_level / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
 
 
@@ -441,8 +442,4 @@ def _split_tool_calls(text: str) -> list[str]:
     return [TOOL_CALL_OPEN + part for part in parts]
 
 
-# ================================================================================ metrics
-
-
-__all__ = ["EngineOptions", "RolloutBatch", "run_rollouts", "sampling", "rollout_metrics",
-           "FINISH_REASONS"]
+__all__ = ["EngineOptions", "RolloutBatch", "run_rollouts", "sampling", "FINISH_REASONS"]

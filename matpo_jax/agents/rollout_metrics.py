@@ -1,10 +1,11 @@
-"""What one rollout batch is measured by: trajectory statistics (tool use, delegation, finish
-reasons, format) and the decode loop's traffic (slot utilisation, prefills, the injection work).
+"""What one rollout batch is measured by: trajectory statistics (`rollout_stats`: tool use,
+delegation, finish reasons, format, per role) and the decode loop's traffic (`slot_metrics`: slot
+utilisation, prefills, the injection work).
 """
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -12,36 +13,62 @@ from matpo_jax import sampler
 from matpo_jax.sampler.writes import (extend_width, prefix_store_buckets,
                                        prefix_store_shape)
 from matpo_jax.agents.engine_options import EngineOptions
-from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
+from matpo_jax.agents.trajectory import PLANNER, Rollout
 from matpo_jax.config.sections import RolloutSection
 
 if TYPE_CHECKING:
     from matpo_jax.agents.scheduler import SlotScheduler
 
 
-def rollout_metrics(rollouts: Sequence[Rollout], cfg: RolloutSection) -> dict[str, float]:
-    """Counts and means over one batch: tool use, delegation, finish reasons, format errors."""
-    top = [r for r in rollouts if r.role in (PLANNER, SINGLE)]
-    workers = [r for r in rollouts if r.role == WORKER]
-    metrics: dict[str, float] = {"num_top_level": len(top), "num_workers": len(workers)}
-    for role, group in ((top[0].role if top else cfg.mode, top), (WORKER, workers)):
-        if not group:
-            continue
-        metrics[f"{role}/tool_calls_per_rollout"] = float(np.mean([len(r.tool_calls)
-                                                                   for r in group]))
-        metrics[f"{role}/turns_per_rollout"] = float(np.mean([r.num_turns for r in group]))
-        metrics[f"{role}/malformed_tool_calls"] = sum(not c.valid for r in group
-                                                      for c in r.tool_calls)
-        metrics[f"{role}/tool_failures"] = sum(c.tool_failed for r in group for c in r.tool_calls)
-        metrics[f"{role}/format_score"] = float(np.mean([r.format_score() for r in group]))
-        metrics[f"{role}/trainable_tokens"] = sum(r.num_trainable for r in group)
-        for reason, count in collections.Counter(r.finish_reason for r in group).items():
-            metrics[f"{role}/finish/{reason}"] = count
-    if cfg.mode == "matpo" and top:
-        metrics["worker_calls_per_planner"] = float(np.mean([len(r.child_ids) for r in top]))
-    metrics["malformed_tool_calls"] = sum(not c.valid for r in rollouts for c in r.tool_calls)
-    metrics["tool_failures"] = sum(c.tool_failed for r in rollouts for c in r.tool_calls)
-    return metrics
+def summarize(name: str, values: Iterable[float]) -> dict[str, float]:
+    """{name_mean, name_min, name_max} of `values` (nothing when there are none)."""
+    values = np.asarray(list(values), dtype=np.float64)
+    if values.size == 0:
+        return {}
+    return {f"{name}_mean": float(values.mean()), f"{name}_min": float(values.min()),
+            f"{name}_max": float(values.max())}
+
+
+def summarize_by_role(name: str, values: Sequence[float], roles: Sequence[str]) -> dict[str, float]:
+    """`summarize` per role: {name_mean/planner, ..., name_max/worker}."""
+    if len(values) != len(roles):
+        raise ValueError(f"{len(values)} values but {len(roles)} roles for metric {name!r}")
+    out = {}
+    for role in dict.fromkeys(roles):  # roles in order of first appearance
+        picked = [v for v, r in zip(values, roles) if r == role]
+        out.update({f"{key}/{role}": v for key, v in summarize(name, picked).items()})
+    return out
+
+
+def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """The trajectory statistics of a batch, per role (key suffix "/<role>", which the plots
+    draw side by side): lengths, turns, tool use, tool-call validity and format score, worker
+    calls per planner, how rollouts ended; plus the batch's invalid tool calls and tool failures."""
+    roles = [r.role for r in rollouts]
+    out = {}
+    out.update(summarize_by_role("response_tokens", [r.num_trainable for r in rollouts], roles))
+    out.update(summarize_by_role("context_tokens", [len(r.tokens) for r in rollouts], roles))
+    out.update(summarize_by_role("turns", [r.num_turns for r in rollouts], roles))
+    out.update(summarize_by_role("tool_calls", [len(r.tool_calls) for r in rollouts], roles))
+    out.update(summarize_by_role("format_score", [r.format_score() for r in rollouts], roles))
+    planners = [r for r in rollouts if r.role == PLANNER]
+    out.update(summarize_by_role("worker_calls", [len(r.child_ids) for r in planners],
+                                 [PLANNER] * len(planners)))
+    for role in dict.fromkeys(roles):
+        mine = [r for r in rollouts if r.role == role]
+        calls = [c for r in mine for c in r.tool_calls]
+        out[f"rollouts/{role}"] = float(len(mine))
+        out[f"invalid_tool_call_frac/{role}"] = (
+            sum(not c.valid for c in calls) / len(calls) if calls else 0.0)
+        out[f"tool_failure_frac/{role}"] = (
+            sum(c.tool_failed for c in calls) / len(calls) if calls else 0.0)
+        for reason, count in collections.Counter(r.finish_reason or "unknown"
+                                                 for r in mine).items():
+            out[f"finish_{reason}_frac/{role}"] = count / len(mine)
+    calls = [c for r in rollouts for c in r.tool_calls]
+    out["invalid_tool_calls"] = float(sum(not c.valid for c in calls))
+    out["tool_failures"] = float(sum(c.tool_failed for c in calls))
+    return out
 
 
 def slot_metrics(loop: sampler.SlotLoopStats, scheduler: SlotScheduler,

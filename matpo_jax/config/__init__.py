@@ -12,8 +12,7 @@ from matpo_jax.config.configdict import (CHOICES, RANGES, apply_overrides, base_
                                          parse_arg, schema)
 from matpo_jax.config.errors import ConfigError
 from matpo_jax.config.fields import FieldSpec, Interval
-from matpo_jax.config.files import (load_config_file, read_saved_config, save_config,
-                                    write_json_atomic)
+from matpo_jax.config.files import load_config_file, read_saved_config, save_config
 from matpo_jax.config.resume import RESUME_SAFE_FIELDS, check_resume, config_changes
 from matpo_jax.config.sections import (ArchSection, DataSection, EvalSection, ExperimentConfig,
                                        MeshSection, ModelSection, RewardSection, RLSection,

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
 
 import ml_collections
 
 from matpo_jax.config.errors import ConfigError
+from matpo_jax.report.files import write_json_atomic
 
 CONFIG_FILE = "config.json"
 
@@ -52,26 +50,6 @@ def _where_in_file(path: Path, error: BaseException) -> str:
         return f"config file {path}: {message}"
     frame = frames[-1]
     return f"{path}:{frame.lineno} ({(frame.line or '').strip()}): {message}"
-
-
-def write_json_atomic(path: str | Path, obj: Any, **dump_kwargs) -> Path:
-    """Writes JSON to a temporary file beside `path`, then renames it over `path`: a reader (or a
-    crash) never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, **dump_kwargs)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def config_as_json(cfg) -> dict:

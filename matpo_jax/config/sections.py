@@ -239,8 +239,8 @@ class RLSection(Section):
     norm_by_std: bool = setting(True, "GRPO advantages (r - mean) / std; False: Dr.GRPO r - mean")
     group_by: str = setting("planner", "planner: workers share their planner's advantage; role: "
                             "workers grouped on their own (ablation)", choices=("planner", "role"))
-    kl_coef: float = setting(0.0, "KL penalty to the reference policy (0 only: no reference "
-                             "log-probs are computed yet)", range=NON_NEGATIVE)
+    kl_coef: float = setting(0.0, "KL penalty to the reference policy (the RL start, frozen)",
+                             range=NON_NEGATIVE)
     kl_type: str = setting("low_var_kl", "KL estimator", choices=("k1", "low_var_kl"))
     entropy_coef: float = setting(0.0, "entropy bonus", range=NON_NEGATIVE)
     ppo_mini_batches: int = setting(1, "optimizer steps per pass over the RL batch",
@@ -303,6 +303,10 @@ class TrainSection(Section):
                                     range=NON_NEGATIVE)
     keep_checkpoints: int = setting(3, "newest checkpoints kept per phase", range=AT_LEAST_ONE)
     async_checkpointing: bool = setting(True, "write checkpoints in the background")
+    max_nonfinite_steps: int = setting(
+        3, "consecutive skipped updates (non-finite loss, gradient or parameters) after which a "
+        "phase stops, naming the step and the last good checkpoint (0: never stop)",
+        range=NON_NEGATIVE)
 
 
 # ------------------------------------------------------------------------------------------- eval
@@ -383,9 +387,6 @@ class ExperimentConfig:
             if mode not in ROLLOUT_MODES:
                 problems.append(f"sft.modes = {self.sft.modes!r}: {mode!r} is not one of "
                                 f"{', '.join(ROLLOUT_MODES)}")
-        if self.rl.kl_coef > 0:
-            problems.append(f"rl.kl_coef = {self.rl.kl_coef!r}: must be 0 (the RL step computes "
-                            f"no reference-policy log-probs to take a KL to)")
         if self.sft.steps > 0 and self.sft.num_demos == 0 and not self.sft.init_checkpoint:
             problems.append(f"sft.num_demos = 0: SFT (sft.steps = {self.sft.steps}) needs "
                             f"demonstrations; set sft.steps = 0 to skip it")

@@ -1,5 +1,5 @@
-"""Run metrics: a JSON line per record in <workdir>/metrics.jsonl, TensorBoard event files, a
-progress bar with ETA, and the per-role rollout statistics the trainer logs.
+"""Run metrics: a JSON line per record in <workdir>/metrics.jsonl, TensorBoard event files and a
+progress bar with ETA. (The per-role rollout statistics are agents.rollout_metrics.rollout_stats.)
 
 Key convention: a metric that exists per role ends in "/<role>" ("response_tokens_mean/planner",
 "response_tokens_mean/worker"), so TensorBoard shows the roles side by side and `plots.py` draws
@@ -11,15 +11,12 @@ import json
 import math
 import sys
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tqdm
-from tensorboardX import summary as tensorboard_summary
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto import event_pb2, summary_pb2
+from matpo_jax.report.files import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -60,16 +57,32 @@ class MetricsWriter:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            kept = [r for r in read_records(self.path) if r.get("step", -1) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if resume_step is not None:
+            self._drop_after(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard:
             # tensorboardX's SummaryWriter hands events to a background thread and its flush()
             # does not wait for them; its synchronous EventsWriter makes "written" mean on disk.
+            # Imported here: tensorboardX imports torch (seconds), which a run without
+            # TensorBoard files never needs.
+            from tensorboardX.event_file_writer import EventsWriter
+
             logdir = Path(workdir) / TENSORBOARD_DIR
             logdir.mkdir(parents=True, exist_ok=True)
             self._tb = EventsWriter(str(logdir / "events"))
+
+    def _drop_after(self, step: int) -> None:
+        if self.path.exists():
+            kept = [r for r in read_records(self.path) if r.get("step", -1) <= step]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def truncate_after(self, step: int) -> None:
+        """Drops the records of steps after `step` (a resumed run is about to redo them)."""
+        if not self.enabled:
+            return
+        self._file.close()
+        self._drop_after(step)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         """Logs one record {step, time, **metrics}; values must be numeric scalars."""
@@ -80,6 +93,8 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")  # NaN/inf written as JSON5 tokens, read back
         self._file.flush()
         if self._tb is not None:
+            from tensorboardX.proto import summary_pb2
+
             summary = summary_pb2.Summary(value=[
                 summary_pb2.Summary.Value(tag=name, simple_value=value)
                 for name, value in record.items() if name not in ("step", "time")])
@@ -89,9 +104,13 @@ class MetricsWriter:
     def write_text(self, step: int, tag: str, text: str) -> None:
         """A text sample (e.g. one decoded rollout) for TensorBoard's text tab."""
         if self._tb is not None:
+            from tensorboardX import summary as tensorboard_summary
+
             self._write_event(int(step), time.time(), tensorboard_summary.text(tag, text))
 
     def _write_event(self, step: int, wall_time: float, summary) -> None:
+        from tensorboardX.proto import event_pb2
+
         self._tb.write_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
         self._tb.flush()
 
@@ -136,52 +155,6 @@ def series(records: Sequence[Mapping], key: str) -> tuple[np.ndarray, np.ndarray
     points = [(r["step"], r[key]) for r in records if key in r and r[key] is not None]
     steps, values = zip(*points) if points else ((), ())
     return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
-
-
-# ------------------------------------------------------------------------------ summaries
-def summarize(name: str, values: Iterable[float]) -> dict[str, float]:
-    """{name_mean, name_min, name_max} of `values` (nothing when there are none)."""
-    values = np.asarray(list(values), dtype=np.float64)
-    if values.size == 0:
-        return {}
-    return {f"{name}_mean": float(values.mean()), f"{name}_min": float(values.min()),
-            f"{name}_max": float(values.max())}
-
-
-def summarize_by_role(name: str, values: Sequence[float], roles: Sequence[str]) -> dict[str, float]:
-    """`summarize` per role: {name_mean/planner, ..., name_max/worker}."""
-    if len(values) != len(roles):
-        raise ValueError(f"{len(values)} values but {len(roles)} roles for metric {name!r}")
-    out = {}
-    for role in dict.fromkeys(roles):  # roles in order of first appearance
-        picked = [v for v, r in zip(values, roles) if r == role]
-        out.update({f"{key}/{role}": v for key, v in summarize(name, picked).items()})
-    return out
-
-
-def rollout_stats(rollouts: Sequence[Any]) -> dict[str, float]:
-    """Per-role statistics of a batch of `agents.trajectory.Rollout`s: lengths, turns, tool use,
-    tool-call validity, worker calls per planner and how rollouts ended."""
-    roles = [r.role for r in rollouts]
-    out = {}
-    out.update(summarize_by_role("response_tokens", [r.num_trainable for r in rollouts], roles))
-    out.update(summarize_by_role("context_tokens", [len(r.tokens) for r in rollouts], roles))
-    out.update(summarize_by_role("turns", [r.num_turns for r in rollouts], roles))
-    out.update(summarize_by_role("tool_calls", [len(r.tool_calls) for r in rollouts], roles))
-    planners = [r for r in rollouts if r.role == "planner"]
-    out.update(summarize_by_role("worker_calls", [len(r.child_ids) for r in planners],
-                                 ["planner"] * len(planners)))
-    for role in dict.fromkeys(roles):
-        mine = [r for r in rollouts if r.role == role]
-        calls = [c for r in mine for c in r.tool_calls]
-        out[f"rollouts/{role}"] = float(len(mine))
-        out[f"invalid_tool_call_frac/{role}"] = (
-            sum(not c.valid for c in calls) / len(calls) if calls else 0.0)
-        out[f"tool_failure_frac/{role}"] = (
-            sum(c.tool_failed for c in calls) / len(calls) if calls else 0.0)
-        for reason, count in Counter(r.finish_reason or "unknown" for r in mine).items():
-            out[f"finish_{reason}_frac/{role}"] = count / len(mine)
-    return out
 
 
 # ------------------------------------------------------------------------------ progress bar

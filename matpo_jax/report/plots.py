@@ -17,7 +17,8 @@ from matplotlib.figure import Figure
 from matpo_jax.report.metrics import load_metrics, series, split_role
 
 # Base names (role suffix removed) of the curves worth a first look, in panel order.
-# The keys the training loop logs (rl_loop / rewards / metrics.rollout_stats / evaluate).
+# The keys the training loop logs (run.rl / rewards / agents.rollout_metrics.rollout_stats /
+# evaluate).
 MAIN_CURVES = ("reward/mean", "reward/accuracy", "eval/accuracy", "loss", "response_tokens_mean",
                "tool_calls_mean", "worker_calls_mean", "rollout/slot_utilisation", "sft/loss")
 _NOT_METRICS = ("step", "time")

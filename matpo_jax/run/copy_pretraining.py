@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 import numpy as np
 
 from matpo_jax.agents.trajectory import ROLE_IDS, SINGLE
+from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as step_lib
 from matpo_jax.trainer.packing import TrainSequence
-from matpo_jax.run.runtime import numpy_rng
+from matpo_jax.run.runtime import loop_config, numpy_rng, step_config
 from matpo_jax.chat import ChatFormat
 
 log = logging.getLogger(__name__)
@@ -78,41 +80,33 @@ def copy_batch(stream: np.ndarray, separator: list[int], step: int, *, seed: int
 
 
 def copy_optimizer_config(cfg) -> step_lib.OptimizerConfig:
-    steps = int(cfg.sft.copy_steps)
-    lr = float(cfg.sft.copy_lr) or float(cfg.sft.lr)
-    return step_lib.OptimizerConfig(learning_rate=lr, schedule="warmup_cosine",
-                                    warmup_steps=min(20, steps // 10), decay_steps=steps,
-                                    end_lr_ratio=0.1, weight_decay=float(cfg.rl.weight_decay),
-                                    grad_clip=float(cfg.rl.grad_clip))
+    steps = cfg.sft.copy_steps
+    return step_lib.OptimizerConfig(learning_rate=cfg.sft.copy_lr or cfg.sft.lr,
+                                    schedule="warmup_cosine", warmup_steps=min(20, steps // 10),
+                                    decay_steps=steps, end_lr_ratio=0.1,
+                                    weight_decay=cfg.rl.weight_decay, grad_clip=cfg.rl.grad_clip)
+
+
+def copy_batches(rt, rows: int, loss_config) -> Callable[[int], packing.PackedBatch]:
+    """step -> the copy batch of that step, as both the copy phase and SFT's rehearsal steps train
+    on it (every `sft.copy_*` field honoured in both)."""
+    cfg = rt.cfg
+    stream = corpus_token_stream(rt.chat, rt.assets.corpus_path)
+    separator = rt.chat.tokenizer.encode(SEPARATOR, add_special_tokens=False)
+    log.info("copy batches from a %d-token corpus stream", len(stream))
+    return lambda step: copy_batch(stream, separator, step, seed=cfg.train.seed, rows=rows,
+                                   max_len=cfg.rl.pack_len, span=cfg.sft.copy_span,
+                                   loss_config=loss_config, shuffle=cfg.sft.copy_shuffle)
 
 
 def run_copy_pretraining(rt, model):
     """Trains `model` for `sft.copy_steps` copy steps; returns the trained params (nnx.State)."""
-    from matpo_jax.report import metrics as metrics_lib
-    from matpo_jax.run.runtime import step_config
-
     cfg = rt.cfg
-    steps, seed = int(cfg.sft.copy_steps), int(cfg.train.seed)
-    tx = step_lib.make_optimizer(copy_optimizer_config(cfg))
     scfg = step_config(cfg, "sft")
-    graphdef, state, shardings = step_lib.init_train_state(model, tx, rt.mesh, seed=seed)
-    stream = corpus_token_stream(rt.chat, rt.assets.corpus_path)
-    separator = rt.chat.tokenizer.encode(SEPARATOR, add_special_tokens=False)
-    rows = packing.round_up(int(cfg.sft.batch_size), scfg.row_multiple(rt.mesh))
-    max_len = int(cfg.rl.pack_len)
-    step_fn = step_lib.make_train_step(graphdef, tx, scfg, rt.mesh, shardings)
-    log.info("copy pre-training: %d steps on a %d-token corpus stream", steps, len(stream))
-    with metrics_lib.Progress(steps, desc="copy", keys=("copy/loss",)) as bar:
-        for step in range(steps):
-            batch = copy_batch(stream, separator, step, seed=seed, rows=rows, max_len=max_len,
-                               span=int(cfg.sft.copy_span), loss_config=scfg.loss,
-                               shuffle=bool(cfg.sft.copy_shuffle))
-            state, metrics = step_fn(state, batch)
-            if step + 1 == steps:
-                log.info("copy pre-training done: loss %.3f", float(np.asarray(metrics["loss"])))
-            if (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps:
-                record = {f"copy/{k}": float(np.asarray(v)) for k, v in metrics.items()}
-                bar.update(record, steps=1)
-            else:
-                bar.update(steps=1)
+    loop = loop_lib.TrainLoop(loop_config(cfg, "copy", checkpoint_dir=None), model,
+                              copy_optimizer_config(cfg), scfg, rt.mesh)
+    batches = copy_batches(rt, packing.round_up(cfg.sft.batch_size, scfg.row_multiple(rt.mesh)),
+                           scfg.loss)
+    state = loop.run(lambda step, _: loop_lib.StepBatch(batches(step)))
+    log.info("copy pre-training done: %d steps", cfg.sft.copy_steps)
     return state.params

@@ -6,16 +6,16 @@ transcripts, to read what the agents actually did).
 from __future__ import annotations
 
 import collections
-import os
 from typing import Mapping
 
 import numpy as np
 
 from matpo_jax.agents.rollout import run_rollouts
+from matpo_jax.agents.rollout_metrics import rollout_stats
+from matpo_jax.report.files import write_json_atomic, write_text_atomic
 from matpo_jax.agents.trajectory import WORKER
-from matpo_jax.config import EvalSection, write_json_atomic
+from matpo_jax.config import EvalSection
 from matpo_jax.data import loader as loader_lib
-from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.run.runtime import Runtime, reward_config, rng_for, rollout_config
 
@@ -67,13 +67,12 @@ def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> d
         "eval/questions": float(n),
     }
     out.update({f"eval/accuracy_hop{h}": float(np.mean(v)) for h, v in sorted(by_hops.items())})
-    out.update({f"eval/{k}": v for k, v in metrics_lib.rollout_stats(batch.rollouts).items()})
+    out.update({f"eval/{k}": v for k, v in rollout_stats(batch.rollouts).items()})
     _write(rt, tag, out, batch.rollouts, records, breakdowns)
     return out
 
 
 def _write(rt: Runtime, tag: str, metrics: dict, rollouts, records, breakdowns) -> None:
-    os.makedirs(rt.path("eval"), exist_ok=True)
     write_json_atomic(rt.path("eval", f"{tag}.json"), metrics, indent=1, sort_keys=True)
     by_id = {r.rollout_id: r for r in rollouts}
     lines = []
@@ -86,5 +85,4 @@ def _write(rt: Runtime, tag: str, metrics: dict, rollouts, records, breakdowns) 
         for child in owner.child_ids:
             lines.append(f"--- worker {child} ---")
             lines.append(rt.chat.decode(by_id[child].tokens))
-    with open(rt.path("eval", f"{tag}_samples.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomic(rt.path("eval", f"{tag}_samples.txt"), "\n".join(lines) + "\n")

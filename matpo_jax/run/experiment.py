@@ -19,6 +19,7 @@ from matpo_jax.config import DataSection, ExperimentConfig
 from matpo_jax.data.world_assets import prepare_world
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
+from matpo_jax.report.files import write_json_atomic
 from matpo_jax.run.evaluation import evaluate
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
 from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
@@ -36,20 +37,20 @@ def world_data_dir(data: DataSection, workdir: str) -> str:
 
 def _cached_eval(rt: Runtime, tag: str, compute):
     """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
-    one that cannot be read (torn by a crash of an older version) is run again."""
+    one that does not parse (torn by a crash before writes were atomic) is run again."""
     path = rt.path("eval", f"{tag}.json")
     if os.path.exists(path):
         try:
             with open(path) as f:
                 return json.load(f)
-        except ValueError:
-            log.warning("%s is unreadable; evaluating again", path)
+        except ValueError:  # JSONDecodeError, or undecodable bytes
+            log.warning("%s does not parse; evaluating again", path)
     return compute()
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
     if jax.process_index() == 0:
-        config_lib.write_json_atomic(rt.path(SUMMARY_FILE), summary, indent=1, sort_keys=True)
+        write_json_atomic(rt.path(SUMMARY_FILE), summary, indent=1, sort_keys=True)
     return summary
 
 

@@ -24,6 +24,7 @@ from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
 from matpo_jax.tools import clients as tools_lib
+from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import step as step_lib
 
@@ -137,6 +138,23 @@ def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
                                     micro_batches=cfg.rl.micro_batches,
                                     ppo_mini_batches=cfg.rl.ppo_mini_batches,
                                     ppo_epochs=cfg.rl.ppo_epochs)
+
+
+def loop_config(cfg: ExperimentConfig, phase: str, checkpoint_dir: str | None) -> loop_lib.LoopConfig:
+    """The training loop of a phase ("copy", "sft" or "rl"); checkpoints in `checkpoint_dir`."""
+    train = cfg.train
+    shared = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=train.checkpoint_every,
+                  keep_checkpoints=train.keep_checkpoints,
+                  async_checkpointing=train.async_checkpointing, log_every=train.log_every,
+                  max_nonfinite_steps=train.max_nonfinite_steps, seed=train.seed)
+    if phase == "copy":
+        return loop_lib.LoopConfig(name="copy", steps=cfg.sft.copy_steps, metric_prefix="copy/",
+                                   progress_keys=("copy/loss",), **shared)
+    if phase == "sft":
+        return loop_lib.LoopConfig(name="sft", steps=cfg.sft.steps, metric_prefix="sft/",
+                                   progress_keys=("sft/loss",), **shared)
+    return loop_lib.LoopConfig(name=f"rl[{cfg.rollout.mode}]", steps=train.steps,
+                               progress_keys=("reward/mean", "reward/accuracy", "loss"), **shared)
 
 
 # ------------------------------------------------------------------------- rollouts and rewards

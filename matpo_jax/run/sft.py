@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-import jax
 import numpy as np
+import optax
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.run import copy_pretraining as copy_lib
@@ -17,9 +17,10 @@ from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import synthetic_world
 from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
+from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as step_lib
-from matpo_jax.run.runtime import Runtime, numpy_rng, optimizer_config, step_config
+from matpo_jax.run.runtime import Runtime, loop_config, numpy_rng, optimizer_config, step_config
 from matpo_jax.data.sft_data import (add_context_lm, copy_loss_scale, demonstration_sequences,
                                  demonstrations)
 from matpo_jax.data.world_assets import question_from_record
@@ -100,63 +101,59 @@ def _demonstration_batch(cfg, seqs, bins, step: int, rows: int, max_len: int, lo
 
 
 def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
-    """Trains `cfg.sft.steps` steps (resuming if checkpoints exist); returns (graphdef, TrainState)."""
-    cfg = rt.cfg
-    steps, rows, seed = int(cfg.sft.steps), int(cfg.sft.batch_size), int(cfg.train.seed)
-    tx = step_lib.make_optimizer(optimizer_config(cfg, "sft"))
-    scfg = step_config(cfg, "sft")
-    graphdef, state, shardings = step_lib.init_train_state(model, tx, rt.mesh, seed=seed)
-    if cfg.sft.init_checkpoint:
-        return graphdef, _restore_shared_start(cfg, state)
-    checkpoints = ckpt_lib.Checkpointer(rt.path("checkpoints", "sft"),
-                                        save_every=int(cfg.train.checkpoint_every) or steps,
-                                        keep=int(cfg.train.keep_checkpoints),
-                                        async_save=bool(cfg.train.async_checkpointing))
-    restored = checkpoints.restore_latest(state.params, state.opt_state)
-    start = 0
-    if restored is not None:
-        start = restored.step
-        state = state.replace(params=restored.params, opt_state=restored.opt_state,
-                              step=jax.numpy.asarray(start, jax.numpy.int32))
-        log.info("SFT resumed at step %d", start)
-    if start >= steps:
-        checkpoints.close()
-        return graphdef, state
-    if start == 0 and int(cfg.sft.copy_steps) > 0:
-        # Copy pre-training (copy_pretraining.py) folds into SFT's INITIAL parameters: it runs only
-        # before SFT step 0 and is not counted in the SFT step counter; an SFT checkpoint already
-        # contains it. SFT's optimizer state stays fresh (Adam moments do not depend on params).
-        state = state.replace(params=copy_lib.run_copy_pretraining(rt, model))
+    """Trains `cfg.sft.steps` steps (resuming if checkpoints exist); returns (graphdef, TrainState).
 
-    seqs = build_sft_sequences(rt)
-    max_len = int(cfg.rl.pack_len)
-    bins = packing.first_fit_decreasing([len(s) for s in seqs], max_len)
-    # Whole rows per data-parallel device; rows beyond the data are left as padding.
-    rows = packing.round_up(min(rows, len(bins)), scfg.row_multiple(rt.mesh))
-    step_fn = step_lib.make_train_step(graphdef, tx, scfg, rt.mesh, shardings)
-    copy_every = int(cfg.sft.copy_every)
-    if copy_every:
-        stream = copy_lib.corpus_token_stream(rt.chat, rt.assets.corpus_path)
-        separator = rt.chat.tokenizer.encode(copy_lib.SEPARATOR, add_special_tokens=False)
-    with metrics_lib.Progress(steps, initial=start, desc="sft", keys=("sft/loss",)) as bar:
-        for step in range(start, steps):
-            rehearsal = bool(copy_every) and step % copy_every == copy_every - 1
-            if rehearsal:  # a copy batch; its loss is not an SFT metric, so it is not logged
-                batch = copy_lib.copy_batch(stream, separator, step, seed=seed, rows=rows,
-                                            max_len=max_len, span=int(cfg.sft.copy_span),
-                                            loss_config=scfg.loss)
-            else:
-                batch = _demonstration_batch(cfg, seqs, bins, step, rows, max_len, scfg.loss)
-            state, metrics = step_fn(state, batch)
-            due = (step + 1) % int(cfg.train.log_every) == 0 or step + 1 == steps
-            if due and not rehearsal:
-                record = {f"sft/{k}": float(np.asarray(v)) for k, v in metrics.items()}
-                record["sft/packing_efficiency"] = batch.efficiency()
-                writer.write(step + 1, record)
-                bar.update(record, steps=1)
-            else:
-                bar.update(steps=1)
-            checkpoints.save(step + 1, params=state.params, opt_state=state.opt_state,
-                             force=step + 1 == steps)
-    checkpoints.close()
-    return graphdef, state
+    sft.steps = 0 trains nothing (copy pre-training aside) and returns the model as it is."""
+    cfg = rt.cfg
+    if cfg.sft.steps == 0:  # no SFT optimizer is built: its schedule needs at least one step
+        graphdef, state, _ = step_lib.init_train_state(model, optax.identity(), rt.mesh,
+                                                       seed=cfg.train.seed)
+        if cfg.sft.init_checkpoint:
+            return graphdef, _restore_shared_start(cfg, state)
+        if cfg.sft.copy_steps > 0:
+            state = state.replace(params=copy_lib.run_copy_pretraining(rt, model))
+        log.info("sft.steps = 0: no SFT")
+        return graphdef, state
+    scfg = step_config(cfg, "sft")
+    loop = loop_lib.TrainLoop(loop_config(cfg, "sft", rt.path("checkpoints", "sft")), model,
+                              optimizer_config(cfg, "sft"), scfg, rt.mesh)
+    if cfg.sft.init_checkpoint:
+        return loop.graphdef, _restore_shared_start(cfg, loop.state)
+    batches = _SFTBatches(rt, model, scfg)
+    return loop.graphdef, loop.run(batches, writer=writer, on_start=batches.prepare)
+
+
+class _SFTBatches:
+    """batch_fn of the SFT loop: demonstration rows, or every `sft.copy_every`-th step a copy
+    batch (rehearsal, trained but not logged as SFT). `prepare` builds the data once the loop
+    knows where it resumes: a run whose SFT checkpoint is complete builds nothing."""
+
+    def __init__(self, rt: Runtime, model, scfg):
+        self.rt, self.model, self.scfg = rt, model, scfg
+
+    def prepare(self, start: int, state):
+        cfg, rt = self.rt.cfg, self.rt
+        if start == 0 and cfg.sft.copy_steps > 0:
+            # Copy pre-training (copy_pretraining.py) folds into SFT's INITIAL parameters: it runs
+            # only before SFT step 0 and is not counted in the SFT step counter; an SFT checkpoint
+            # already contains it. SFT's optimizer state stays fresh (Adam moments do not depend
+            # on params).
+            state = state.replace(params=copy_lib.run_copy_pretraining(rt, self.model))
+        self.seqs = build_sft_sequences(rt)
+        self.max_len = cfg.rl.pack_len
+        self.bins = packing.first_fit_decreasing([len(s) for s in self.seqs], self.max_len)
+        # Whole rows per data-parallel device; rows beyond the data are left as padding.
+        self.rows = packing.round_up(min(cfg.sft.batch_size, len(self.bins)),
+                                     self.scfg.row_multiple(rt.mesh))
+        if cfg.sft.copy_every:
+            self.copy_batch = copy_lib.copy_batches(rt, self.rows, self.scfg.loss)
+        return state
+
+    def __call__(self, step: int, state) -> loop_lib.StepBatch:
+        cfg = self.rt.cfg
+        every = cfg.sft.copy_every
+        if every and step % every == every - 1:
+            return loop_lib.StepBatch(self.copy_batch(step), log=False)
+        batch = _demonstration_batch(cfg, self.seqs, self.bins, step, self.rows, self.max_len,
+                                     self.scfg.loss)
+        return loop_lib.StepBatch(batch, {"sft/packing_efficiency": batch.efficiency()})

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -121,7 +122,8 @@ class TrainState:
     frozen: Any  # non-trainable model state (nnx.State, usually empty)
     step: jax.Array  # train_step calls (RL steps)
     optimizer_steps: jax.Array  # optimizer updates applied
-    skipped_steps: jax.Array  # updates skipped because the gradient was not finite
+    skipped_steps: jax.Array  # updates skipped: non-finite loss, gradient or updated parameters
+    nonfinite_streak: jax.Array  # consecutive train_step calls that skipped an update
     rng: jax.Array
 
 
@@ -136,7 +138,7 @@ def state_shardings(state_shapes: TrainState, tx: optax.GradientTransformation, 
     return TrainState(params=param_sh, opt_state=opt_sh,
                       frozen=jax.tree.map(lambda _: replicated, state_shapes.frozen),
                       step=replicated, optimizer_steps=replicated, skipped_steps=replicated,
-                      rng=replicated)
+                      nonfinite_streak=replicated, rng=replicated)
 
 
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh, *,
@@ -147,8 +149,9 @@ def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: 
     def build(params, frozen):
         return TrainState(params=params, opt_state=tx.init(params), frozen=frozen,
                           step=jnp.zeros((), jnp.int32), optimizer_steps=jnp.zeros((), jnp.int32),
-                          skipped_steps=jnp.zeros((), jnp.int32), rng=jax.random.key_data(
-                              jax.random.key(seed)))
+                          skipped_steps=jnp.zeros((), jnp.int32),
+                          nonfinite_streak=jnp.zeros((), jnp.int32),
+                          rng=jax.random.key_data(jax.random.key(seed)))
 
     shardings = state_shardings(jax.eval_shape(build, params, frozen), tx, mesh, rules)
     state = jax.jit(build, out_shardings=shardings)(params, frozen)
@@ -172,6 +175,13 @@ def _split_rows(batch: PackedBatch, mini: int, micro: int, mesh: Mesh) -> Packed
 
 def _tree_where(pred, on_true, on_false):
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def tree_all_finite(tree) -> jax.Array:
+    """One boolean: every floating-point leaf of `tree` is finite."""
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
 def _objective(config: TrainStepConfig):
@@ -229,6 +239,35 @@ def make_gradient_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: T
     return lambda state, batch: jitted(state, jax.device_put(batch, batch_sharding))
 
 
+def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: TrainState):
+    """(params, frozen, batch) -> numpy [rows, T] log-probs of the batch's tokens under `params`,
+    computed as the loss computes them (0 where a token cannot be predicted), a micro-batch at a
+    time like the train step. For the frozen reference policy of the KL term."""
+    micro = config.micro_batches
+
+    def logprobs(params, frozen, batch: PackedBatch):
+        model = nnx.merge(graphdef, params, frozen)
+        split = jax.tree.map(lambda x: x[0], _split_rows(batch, 1, micro, mesh))
+
+        def one(micro_batch):
+            logits = model(micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids)
+            return loss_lib.token_logprobs(logits, micro_batch.tokens,
+                                           micro_batch.segment_ids)[0]
+
+        per_micro = jax.lax.map(one, split)  # [micro, rows_per_micro, T]
+        # Undo _split_rows: row j * micro + k is row j of micro-batch k.
+        return jnp.moveaxis(per_micro, 0, 1).reshape(batch.tokens.shape)
+
+    batch_sharding = parallel.batch_sharding(mesh)
+    jitted = jax.jit(logprobs, in_shardings=(shardings.params, shardings.frozen, batch_sharding))
+
+    def run(params, frozen, batch: PackedBatch):
+        batch = dataclasses.replace(batch, ref_logprobs=None)
+        return np.asarray(jitted(params, frozen, jax.device_put(batch, batch_sharding)))
+
+    return run
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainStepConfig,
                     mesh: Mesh, shardings: TrainState,
                     lr_schedule: optax.Schedule | None = None) -> Callable:
@@ -240,10 +279,12 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
         params, opt_state, frozen, skipped = carry
         grads, loss, sums = mini_batch_grads(params, frozen, mini_batch)
         grad_norm = optax.global_norm(grads)
-        finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
-        # A non-finite gradient leaves params AND optimizer moments untouched.
+        # A non-finite loss or gradient, or an update that makes a parameter non-finite (an
+        # infinite lr, an overflow), leaves params AND optimizer moments untouched: non-finite
+        # numbers never enter the state, so they never reach a checkpoint.
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss) & tree_all_finite(new_params)
         params = _tree_where(finite, new_params, params)
         opt_state = _tree_where(finite, new_opt_state, opt_state)
         skipped = skipped + (~finite).astype(jnp.int32)
@@ -266,12 +307,15 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
             params=params, opt_state=opt_state, step=state.step + 1,
             optimizer_steps=state.optimizer_steps + applied,
             skipped_steps=state.skipped_steps + skipped,
+            nonfinite_streak=jnp.where(skipped > 0, state.nonfinite_streak + 1, 0),
             rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))
         metrics.update({
             "loss": losses.sum(axis=-1).mean(),
             "first_epoch_loss": losses[0].sum(),
             "grad_norm": grad_norms.mean(),
             "skipped_updates": skipped,
+            "skipped_updates_total": new_state.skipped_steps,
+            "nonfinite_streak": new_state.nonfinite_streak,
             "optimizer_steps": new_state.optimizer_steps,
         })
         if lr_schedule is not None:

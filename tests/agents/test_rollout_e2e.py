@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from matpo_jax.agents import prompts
+from matpo_jax.agents.rollout_metrics import rollout_stats
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 
 from rollout_scenarios import ADA, PAIR, REPORT_MAX_CHARS, TURING, assert_masks_and_logprobs
@@ -170,8 +171,9 @@ def test_single_agent_mode(policy, rollout):
     assert [(c.name, c.arguments) for c in agent.tool_calls] == list(TURING.calls)
     assert agent.finish_reason == "answer" and agent.report is None
     assert_masks_and_logprobs(policy, [agent])
-    assert "worker_calls_per_planner" not in batch.metrics
-    assert batch.metrics["single/tool_calls_per_rollout"] == 2.0
+    stats = rollout_stats(batch.rollouts)
+    assert "worker_calls_mean/planner" not in stats
+    assert stats["tool_calls_mean/single"] == 2.0
 
 
 def test_recap_off_gives_the_worker_the_subtask_alone(policy, rollout):

@@ -10,6 +10,7 @@ import pytest
 from matpo_jax import sampler
 from matpo_jax.agents import prompts
 from matpo_jax.agents.rollout import FINISH_REASONS, EngineOptions
+from matpo_jax.agents.rollout_metrics import rollout_stats
 from matpo_jax.config import ConfigError, RolloutSection
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, SlotScheduler
 from matpo_jax.agents.trajectory import PLANNER, WORKER
@@ -78,7 +79,7 @@ def test_planner_max_turns(rollout):
     assert planner.finish_reason == "max_turns" and planner.num_turns == 1
     assert planner.child_ids == [] and len(planner.tool_calls) == 1
     assert planner.trainable[-1]  # the rollout ends on its sampled turn
-    assert batch.metrics["planner/finish/max_turns"] == 1
+    assert rollout_stats(batch.rollouts)["finish_max_turns_frac/planner"] == 1.0
 
 
 def test_max_context_ends_the_tool_loop_and_keeps_room_for_the_summary(policy, rollout):
@@ -114,7 +115,7 @@ def test_max_worker_calls_per_turn(policy, rollout):
     start = block_at(planner.tokens, block)
     assert not any(planner.trainable[start:start + len(block)])
     assert batch.metrics["worker_calls_over_limit"] == 1
-    assert batch.metrics["num_workers"] == 1
+    assert rollout_stats(batch.rollouts)["rollouts/worker"] == 1
 
 
 def test_malformed_call_gets_an_error_message_and_the_rollout_goes_on(policy, rollout):
@@ -131,8 +132,9 @@ def test_malformed_call_gets_an_error_message_and_the_rollout_goes_on(policy, ro
     assert not any(planner.trainable[start:start + len(error_block)])
     assert planner.finish_reason == "answer" and planner.format_score() == 0.5
     assert len(planner.child_ids) == 1
-    assert batch.metrics["planner/malformed_tool_calls"] == 1
-    assert batch.metrics["malformed_tool_calls"] == 1
+    stats = rollout_stats(batch.rollouts)
+    assert stats["invalid_tool_call_frac/planner"] == 0.5  # 1 of its 2 calls
+    assert stats["invalid_tool_calls"] == 1
 
 
 def test_malformed_call_can_end_the_rollout(rollout):
@@ -141,8 +143,9 @@ def test_malformed_call_can_end_the_rollout(rollout):
     (planner,) = batch.rollouts
     assert planner.finish_reason == "malformed_tool_call"
     assert planner.num_turns == 1 and planner.child_ids == [] and planner.trainable[-1]
-    assert batch.metrics["planner/finish/malformed_tool_call"] == 1
-    assert batch.metrics["malformed_tool_calls"] == 1
+    stats = rollout_stats(batch.rollouts)
+    assert stats["finish_malformed_tool_call_frac/planner"] == 1.0
+    assert stats["invalid_tool_calls"] == 1
 
 
 @pytest.mark.parametrize("async_tools", [False, True], ids=["tools waited for", "async tools"])
@@ -157,8 +160,10 @@ def test_search_server_down_is_an_error_text_in_context(policy, rollout, dead_to
     start = block_at(worker.tokens, block)
     assert not any(worker.trainable[start:start + len(block)])
     failures = sum(c.tool_failed for r in batch.rollouts for c in r.tool_calls)
-    assert failures >= 1 and batch.metrics["tool_failures"] == failures
-    assert batch.metrics["worker/tool_failures"] == failures
+    stats = rollout_stats(batch.rollouts)
+    assert failures >= 1 and stats["tool_failures"] == failures
+    worker_calls = sum(len(w.tool_calls) for w in batch.by_role(WORKER))
+    assert stats["tool_failure_frac/worker"] == failures / worker_calls
     assert all(r.report for r in batch.by_role(WORKER))  # every worker still reported
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from matpo_jax.config import (RESUME_SAFE_FIELDS, ConfigError, apply_overrides, base_config,
                               check_resume, config_changes, read_saved_config, save_config,
-                              to_typed, write_json_atomic)
+                              to_typed)
+from matpo_jax.report.files import write_json_atomic
 
 
 def typed(overrides=None):

@@ -11,8 +11,9 @@ from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
 from matpo_jax.agents.trajectory import Rollout, ToolCallRecord
-from matpo_jax.report.metrics import (MetricsWriter, Progress, load_metrics, read_records, rollout_stats,
-                               split_role, summarize_by_role)
+from matpo_jax.report.metrics import (MetricsWriter, Progress, load_metrics, read_records, 
+                               split_role)
+from matpo_jax.agents.rollout_metrics import rollout_stats, summarize_by_role
 from matpo_jax.report.plots import aggregate_runs, plot_comparison, plot_curves
 
 TAB_BLUE, TAB_ORANGE = (31, 119, 180), (255, 127, 14)  # matplotlib's C0 and C1

@@ -1,0 +1,61 @@
+"""The MATPO step on the host, config-free: scored rollouts in, the packed training batch out.
+
+  rollouts (planners / single agents and their workers) + rewards of the planners
+    -> group advantages per planner (rl/advantages.py: the G planner samples of a question form a
+       group; a worker inherits its planner's scalar A_i)
+    -> one TrainSequence per rollout, A_i on every trained token of the planner and of each of its
+       workers, role id 0 (planner / single) or 1 (worker)
+    -> per-token aggregation weights over the WHOLE batch (trainer/loss.py), so micro-batching and
+       data parallelism leave the loss and its gradient unchanged
+    -> rows packed first-fit-decreasing, sequences with no gradient left out (their weights still
+       count in everyone else's normaliser), the row count bucketed to few shapes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+from matpo_jax.agents.trajectory import Rollout
+from matpo_jax.rl import advantages as adv_lib
+from matpo_jax.trainer import packing
+from matpo_jax.trainer.loss import LossConfig
+from matpo_jax.trainer.packing import PackedBatch
+
+
+@dataclasses.dataclass
+class MatpoBatch:
+    batch: PackedBatch  # role_ids, advantages, loss_weights, loss_mask, old_logprobs per token
+    advantages: dict[int, float]  # scalar advantage of every rollout, by rollout_id
+    metrics: dict[str, float]  # trained_sequence_frac, packing_efficiency, packed_rows
+
+
+def bucket_rows(needed: int, minimum: int, multiple: int) -> int:
+    """Row count of a packed RL batch: powers of two above `minimum`, so a run compiles a few
+    shapes, however much the rollouts' total length varies from step to step."""
+    rows = max(minimum, multiple)
+    while rows < needed:
+        rows *= 2
+    return packing.round_up(rows, multiple)
+
+
+def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
+                loss_config: LossConfig, pack_len: int, min_rows: int = 1, row_multiple: int = 1,
+                group_by: str = "planner", norm_by_std: bool = True) -> MatpoBatch:
+    """The packed batch of one RL step.
+
+    rewards: the reward of every planner / single-agent rollout, by rollout_id (workers have none
+    of their own). pack_len: tokens per row (a whole rollout must fit). min_rows / row_multiple:
+    the smallest row count and the multiple it is rounded to (micro-batches x data-parallel
+    devices). group_by / norm_by_std: see rl.advantages.assign_advantages.
+    """
+    advantages = adv_lib.assign_advantages(rollouts, rewards, group_by=group_by,
+                                           norm_by_std=norm_by_std)
+    seqs = packing.sequences_from_rollouts(rollouts, advantages)
+    trained = packing.trained_indices(seqs, loss_config)  # groups that all scored alike drop out
+    needed = len(packing.first_fit_decreasing([len(seqs[i]) for i in trained], pack_len))
+    rows = bucket_rows(needed, min_rows, row_multiple)
+    batch = packing.pack_sequences(seqs, pack_len, row_multiple=row_multiple, rows=rows,
+                                   loss_config=loss_config, drop_inert=True)
+    metrics = {"trained_sequence_frac": len(trained) / max(len(seqs), 1),
+               "packing_efficiency": batch.efficiency(), "packed_rows": rows}
+    return MatpoBatch(batch, advantages, metrics)
