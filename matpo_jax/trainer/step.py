@@ -333,7 +333,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
         if rows % multiple:
             raise ValueError(f"batch has {rows} rows, not a multiple of micro_batches x "
                              f"ppo_mini_batches x data-parallel devices = {multiple}")
-        if config.loss.kl_coef > 0 and batch.ref_logprobs is None:
+        if config.objective == "rl" and config.loss.kl_coef > 0 and batch.ref_logprobs is None:
             raise ValueError("LossConfig.kl_coef > 0 but the batch has no ref_logprobs")
         return jitted(state, jax.device_put(batch, batch_sharding))
 

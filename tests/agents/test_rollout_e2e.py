@@ -112,13 +112,13 @@ def test_planner_receives_the_cleaned_report(policy, batch):
 
 
 def test_metrics(batch):
-    m = batch.metrics
-    assert m["num_top_level"] == 4 and m["num_workers"] == 6
-    assert m["worker_calls_per_planner"] == 1.5
-    assert m["planner/tool_calls_per_rollout"] == 1.5  # PAIR makes two calls in one turn
-    assert m["worker/tool_calls_per_rollout"] == pytest.approx((2 + 1 + 1) * 2 / 6)
-    assert m["planner/finish/answer"] == 4 and m["worker/finish/answer"] == 6
-    assert m["malformed_tool_calls"] == 0 and m["tool_failures"] == 0 and m["errors"] == 0
+    m, stats = batch.metrics, rollout_stats(batch.rollouts)
+    assert stats["rollouts/planner"] == 4 and stats["rollouts/worker"] == 6
+    assert stats["worker_calls_mean/planner"] == 1.5
+    assert stats["tool_calls_mean/planner"] == 1.5  # PAIR makes two calls in one turn
+    assert stats["tool_calls_mean/worker"] == pytest.approx((2 + 1 + 1) * 2 / 6)
+    assert stats["finish_answer_frac/planner"] == 1 and stats["finish_answer_frac/worker"] == 1
+    assert stats["invalid_tool_calls"] == 0 and stats["tool_failures"] == 0 and m["errors"] == 0
     sampled = sum(r.num_trainable for r in batch.rollouts)
     assert m["sampled_tokens"] == sampled
     assert 0.0 < m["slot_utilisation"] <= 1.0
