@@ -263,13 +263,15 @@ def _read_tokens(session_id, rows, start, *, width: int):
     return out
 
 
-def _host_reader(session_id):
+def _host_reader(session_id, replicated=lambda x: x):
     """writes.inject's `read_tokens` for host injections: one callback per extend."""
 
     def read(rows, start, width):
-        return io_callback(functools.partial(_read_tokens, width=width),
-                           jax.ShapeDtypeStruct((rows.shape[0], width), jnp.int32),
-                           session_id, rows.astype(jnp.int32), jnp.int32(start), ordered=True)
+        tokens = io_callback(functools.partial(_read_tokens, width=width),
+                             jax.ShapeDtypeStruct((rows.shape[0], width), jnp.int32),
+                             session_id, *replicated((rows.astype(jnp.int32), jnp.int32(start))),
+                             ordered=True)
+        return replicated(tokens)
     return read
 
 
@@ -380,7 +382,7 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
 
 
 def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int,
-                store=None, constrain=lambda s: s):
+                store=None, constrain=lambda s: s, replicated=lambda x: x):
     """One host call with the current events, then the injection it answers with."""
     slots, max_turn = s.turn_tokens.shape
     result_shapes = (jax.ShapeDtypeStruct((slots,), jnp.int32),
@@ -396,10 +398,11 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
         # The stopped turns packed at this static width; the switch below picks the smallest
         # width that holds them.
         def call(_):
-            return io_callback(
-                _call_host, result_shapes, session_id, s.stopped, s.stop_reason, s.turn_len,
-                s.cache.lengths, pack_rows(s.turn_tokens, counts, width),
-                pack_rows(s.turn_logprobs, counts, width), ordered=True)
+            operands = replicated((s.stopped, s.stop_reason, s.turn_len, s.cache.lengths,
+                                   pack_rows(s.turn_tokens, counts, width),
+                                   pack_rows(s.turn_logprobs, counts, width)))
+            return replicated(io_callback(_call_host, result_shapes, session_id, *operands,
+                                          ordered=True))
         return call
 
     chosen = jnp.sum(jnp.asarray(widths) < jnp.sum(counts))
@@ -410,8 +413,8 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
     if store is not None:
         cache, logits = copy_prefixes(cache, logits, store, prefix)
     num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
-    cache, logits = inject(model, cache, logits, _host_reader(session_id), num, buckets, lanes,
-                           max_num=max_len)
+    cache, logits = inject(model, cache, logits, _host_reader(session_id, replicated), num,
+                           buckets, lanes, max_num=max_len)
     # A new turn starts for slots that stopped or received tokens.
     new_turn = s.stopped | reset | (num > 0)
     turn_cap = jnp.where(new_turn, jnp.where(turn_cap > 0, turn_cap, max_turn), s.turn_cap)
@@ -440,6 +443,17 @@ def _state_constraint(mesh: Mesh | None):
     return constrain
 
 
+def _replication(mesh: Mesh | None):
+    """A function that replicates a pytree over `mesh` (identity without one): the callbacks'
+    operands and answers, so that the partitioner moves them to and from the host device from
+    a replicated layout instead of remateralising sharded ones (small [B] arrays)."""
+    if mesh is None:
+        return lambda tree: tree
+    everywhere = NamedSharding(mesh, P())
+    return lambda tree: jax.tree_util.tree_map(
+        lambda x: jax.lax.with_sharding_constraint(x, everywhere), tree)
+
+
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table",
     "mesh"))
@@ -448,7 +462,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
                mesh=None):
     model = nnx.merge(graphdef, model_state)
     config = model.config
-    constrain = _state_constraint(mesh)
+    constrain, replicated = _state_constraint(mesh), _replication(mesh)
     store = None
     if prefix_tokens.shape[0]:
         store = build_prefix_store(model, prefix_tokens, prefix_lengths, buckets)
@@ -477,7 +491,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
 
     def outer_body(s):
         return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
-                                               store, constrain))
+                                               store, constrain, replicated))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
     return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
