@@ -9,7 +9,15 @@ first-call allocations on theirs. torch uses as many threads as XLA's CPU client
 Also measures the host-callback round trip: the same generation with a host called after every
 token (turn cap 1, the host re-activates every slot) vs once per prompt.
 
-    python benchmarks/sampler.py [--quick] [--out benchmarks/results]
+And the bytes each host round moves (device -> host, host -> device), measured by the loop on the
+arrays that cross (SlotLoopStats.round_bytes), for a tool-using workload at a few shapes up to the
+paper's (512 slots x 40,960 positions x 8,192-token turns; a 1-layer model stands in, since the
+bytes depend on the shapes and the tokens exchanged, not on the model), next to what the previous
+protocol's fixed [slots, max_turn] events and [slots, max_len] injections moved per round.
+Bytes are deterministic: --bytes_only runs just that part (a few minutes) and writes
+sampler_host_bytes.{json,md}.
+
+    python benchmarks/sampler.py [--quick] [--bytes_only] [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import torch
 import transformers
 from flax import nnx
 
-from matpo_jax.model import Qwen3Config, init_cache, load_pretrained
+from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, init_cache, load_pretrained
 from matpo_jax.sampler.loop import Sampling, SlotInjection, generate, run_slots
 from matpo_jax.sampler.ops import first_index_of_max
 
@@ -145,6 +153,117 @@ def callback_overhead(ours, prompts, new_tokens, repeats):
                 us_per_round_trip=1e6 * (frequent - rare) / extra_calls)
 
 
+class _ToolLoopHost:
+    """A rollout-shaped host: every slot holds one sequence that runs `turns` turns; the first
+    starts from a prompt, each later one after a tool response. Turn caps and response lengths
+    differ per slot, so slots stop at different steps and a round sees a few stops, as in a
+    rollout. Records the tokens that crossed each round (sampled turns in, injected tokens out)."""
+
+    def __init__(self, slots, prompt_len, turn_caps, response_lens, turns):
+        self.slots, self.prompt_len, self.turns = slots, prompt_len, turns
+        self.turn_caps, self.response_lens = turn_caps, response_lens
+        self.turns_done = np.zeros(slots, int)
+        self.started = False
+        self.rounds = []  # (sampled tokens received, tokens injected) per host call
+
+    def __call__(self, events):
+        received = int(np.where(events.stopped, events.turn_len, 0).sum())
+        writes = {}
+        if not self.started:
+            writes = {slot: self.prompt_len for slot in range(self.slots)}
+            self.started = True
+        for slot in np.flatnonzero(events.stopped):
+            self.turns_done[slot] += 1
+            if self.turns_done[slot] < self.turns:
+                writes[slot] = int(self.response_lens[slot])
+        width = max([1] + list(writes.values()))
+        injection = SlotInjection.nothing(self.slots, width)
+        for slot, n in writes.items():
+            injection.tokens[slot, :n] = (np.arange(n) + slot) % 97 + 3
+            injection.num[slot] = n
+            injection.reset[slot] = not self.turns_done[slot]
+            injection.turn_cap[slot] = int(self.turn_caps[slot])
+        injection.active[:] = self.turns_done < self.turns
+        injection.done = not injection.active.any()
+        self.rounds.append((received, sum(writes.values())))
+        return injection
+
+
+def previous_protocol_bytes(slots, max_len, max_turn):
+    """Bytes per round of the protocol before this change (fixed shapes, whatever was sent):
+    device -> host session id, stopped (bool), stop_reason, turn_tokens [slots, max_turn] int32,
+    turn_logprobs [slots, max_turn] float32, turn_len, cache_len; host -> device tokens
+    [slots, max_len] int32, num, reset (bool), active (bool), prefix, turn_cap, done (bool)."""
+    to_host = 4 + slots * (1 + 4 + 4 + 4) + slots * max_turn * (4 + 4)
+    from_host = slots * max_len * 4 + slots * (4 + 1 + 1 + 4 + 4) + 1
+    return to_host, from_host
+
+
+def host_traffic(slots, max_len, max_turn, turns=3, prompt_len=48, vocab=256):
+    """Bytes per host round of a tool-using workload on a 1-layer bfloat16 model."""
+    config = Qwen3Config(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                         head_dim=2, dtype="bfloat16")
+    graphdef, state = nnx.split(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(slots)
+    turn_caps = rng.integers(4, 24, slots)  # short turns keep the CPU run short; bytes scale
+    response_lens = rng.integers(20, 400, slots)  # with tokens, which the table reports
+    host = _ToolLoopHost(slots, prompt_len, turn_caps, response_lens, turns)
+    stats = run_slots(state, graphdef, host, slots=slots, max_len=max_len, max_turn=max_turn,
+                      sampling=GREEDY)
+    rounds = np.asarray(stats.round_bytes, np.int64)
+    tokens = np.asarray(host.rounds, np.int64)
+    old_to, old_from = previous_protocol_bytes(slots, max_len, max_turn)
+    return dict(slots=slots, max_len=max_len, max_turn=max_turn, host_rounds=len(rounds),
+                lanes=slots // 8 or 1, sampled_tokens_per_round=float(tokens[:, 0].mean()),
+                injected_tokens_per_round=float(tokens[:, 1].mean()),
+                to_host_mean=float(rounds[:, 0].mean()), to_host_max=int(rounds[:, 0].max()),
+                from_host_mean=float(rounds[:, 1].mean()), from_host_max=int(rounds[:, 1].max()),
+                previous_to_host=old_to, previous_from_host=old_from)
+
+
+def host_traffic_markdown(rows, command):
+    def size(n):
+        for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+            if n >= scale:
+                return f"{n / scale:,.1f} {unit}"
+        return f"{n:,.0f} B"
+
+    lines = [
+        "# Sampler host traffic per round: device -> host and host -> device",
+        "",
+        f"`{command}`. Measured by the slot loop on the arrays that cross each host round "
+        "(`SlotLoopStats.round_bytes`: the round's callback operands and answer, and every "
+        "injected-token read of its extends), for a tool-using workload: every slot runs 3 turns "
+        "(caps 4-23 tokens), the first after a 48-token prompt, the others after a 20-399-token "
+        "tool response; a 1-layer bfloat16 model (the bytes depend on the shapes and the tokens "
+        "exchanged, not the model). 'previous' is what the protocol before this change moved "
+        "every round whatever happened: [slots, max_turn] turn tokens and log-probs to the host, "
+        "[slots, max_len] int32 injection tokens back (plus the [slots] control arrays); "
+        "computed from those shapes (`previous_protocol_bytes`) and checked once against the "
+        "protocol itself: commit 9566fa9's loop, its callback wrapped to count the bytes of its "
+        "operands and answer, ran the 32-slot workload in the same 42 rounds at 65,956 / 262,593 "
+        "bytes each, the formula's numbers.",
+        "",
+        "| slots | max_len | max_turn | rounds | sampled tok / round | injected tok / round | "
+        "to host / round (mean, max) | previous | from host / round (mean, max) | previous |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['slots']} | {r['max_len']:,} | {r['max_turn']:,} | {r['host_rounds']} | "
+            f"{r['sampled_tokens_per_round']:.1f} | {r['injected_tokens_per_round']:.1f} | "
+            f"{size(r['to_host_mean'])}, {size(r['to_host_max'])} | {size(r['previous_to_host'])} | "
+            f"{size(r['from_host_mean'])}, {size(r['from_host_max'])} | "
+            f"{size(r['previous_from_host'])} |")
+    lines += ["", "Now: to host = [slots] control arrays + the stopped turns packed flat (tokens and "
+              "log-probs) at the smallest of 256, 1,024, 4,096... entries that holds them; from host "
+              "= [slots] control arrays + per extend of the injection [lanes, width] int32 tokens "
+              "(lanes = slots / 8, width = the extend's bucket), i.e. 4 bytes per position the "
+              "extends compute."]
+    return "\n".join(lines) + "\n"
+
+
 def matmul_peak_gflop_s(size=2048, repeats=5):
     """Best float32 matmul rate of XLA on this machine (a square product, all cores), GFLOP/s:
     a decode step cannot do its 2 x matmul-params x batch FLOPs faster than this."""
@@ -196,7 +315,23 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny lengths: a smoke run")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--bytes_only", action="store_true",
+                        help="only the bytes per host round (sampler_host_bytes.{json,md})")
     args = parser.parse_args()
+    if args.bytes_only:
+        shapes = ((32, 2048, 256), (64, 8192, 1024)) if args.quick else (
+            (32, 2048, 256), (128, 8192, 1024), (512, 40960, 8192))
+        rows = []
+        for slots, max_len, max_turn in shapes:
+            rows.append(host_traffic(slots, max_len, max_turn))
+            print(json.dumps(rows[-1]), flush=True)
+        if not args.quick:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "sampler_host_bytes.json"), "w") as f:
+                json.dump(dict(jax=jax.__version__, rows=rows), f, indent=2)
+            with open(os.path.join(args.out, "sampler_host_bytes.md"), "w") as f:
+                f.write(host_traffic_markdown(rows, "python benchmarks/sampler.py --bytes_only"))
+        return
     prompt_len, new_tokens, repeats = (8, 8, 1) if args.quick else (64, 128, 2)
     batches = (1, 32)
     threads = os.cpu_count()  # XLA's CPU client uses every core; torch gets the same

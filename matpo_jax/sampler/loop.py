@@ -1,20 +1,36 @@
 """The slot sampler: one jitted `lax.while_loop` that decodes B slots and talks to a Python host.
 
 Each iteration samples one token per active slot and feeds it through `model.decode`. Whenever a
-slot stops (a stop token, its turn cap, a full cache) the loop leaves XLA once, through an ordered
+slot stops (a stop token, its turn cap, a full cache) the loop leaves XLA through an ordered
 `io_callback`, hands every stopped slot's turn to the host (`SlotEvents`) and receives what to
 write next (`SlotInjection`: prompts, tool responses, re-prefilled contexts). The injected tokens
 are written inside the loop by `model.extend_last` of a static bucket width over only the rows that
 receive tokens, a static number of lanes at a time (long ones by a loop of fixed-width chunks), so
 a rollout with many tool calls is a single compiled program: no recompiles, no re-upload of the
 cache, no Python per decoded token. Prompt prefixes that many sequences share are computed once
-per loop and copied into the slots that start with them (see `sampling_writes`).
+per loop and copied into the slots that start with them (see `writes.py`).
 
 Structure: outer loop = [host call -> inject] then an inner loop that decodes until some slot
 stops; the host is therefore called exactly once per iteration in which any slot stopped (and once
 at the start). The jitted function does not close over the host: the callback finds it through a
 registry keyed by an id that is a runtime argument, so all hosts share one compilation per
-(model, slots, max_len, max_turn, buckets, sampling, stop ids).
+(model, slots, max_len, max_turn, buckets, sampling, stop ids, mesh).
+
+Host traffic of a round (`host_transfer.py`), proportional to the tokens that change hands:
+  device -> host, one ordered callback: stopped, stop_reason, turn_len, cache_len ([B] each) and
+    the stopped slots' turns packed flat (tokens int32 and log-probs float32, each row's first
+    turn_len entries, row after row) at the smallest of `flat_widths(B * max_turn)` that holds
+    them; the host unpacks them into SlotEvents' [B, max_turn] arrays (zeros in other rows).
+  host -> device, the same callback's answer: num, reset, active, prefix, turn_cap ([B] each)
+    and done. The injected tokens stay on the host: each extend of the injection reads its rows'
+    columns [start, start + width) through one more callback of its own static [rows, width]
+    (`writes.inject`), so a round moves the positions its extends compute (rows = lanes, or B
+    when lanes >= B; width = a bucket, or chunks of the last bucket), never [B, max_len].
+SlotLoopStats.round_bytes reports what each round moved, measured on the arrays that crossed.
+
+With a mesh (given, or the one the parameters are sharded over) the KV cache is sharded like
+`parallel.cache_shardings` (slots over data x fsdp, kv heads over tensor), and so are the
+per-slot logits and turn buffers (slots over data x fsdp); `capacity.py` says how many slots fit.
 """
 from __future__ import annotations
 
@@ -31,16 +47,22 @@ import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from matpo_jax.model.qwen3 import KVCache, init_cache
-from matpo_jax.sampler.writes import (build_prefix_store, copy_prefixes, inject,
-                                       prefix_store_shape)
+from matpo_jax.parallel.mesh import BATCH_AXES
+from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
+from matpo_jax.sampler.host_transfer import (HostTraffic, flat_widths, nbytes, pack_rows,
+                                             unpack_rows)
 from matpo_jax.sampler.ops import Sampling, SamplingConfigError, row_keys, sample_tokens
+from matpo_jax.sampler.writes import (PrefixStore, build_prefix_store, copy_prefixes, inject,
+                                      prefix_store_shape)
 
 __all__ = [
     "STOP_NONE", "STOP_EOS", "STOP_IM_END", "STOP_TOOL_CALL", "STOP_TURN_CAP", "STOP_CACHE_FULL",
     "STOP_REASON_NAMES", "Sampling", "SamplingConfigError", "SlotEvents", "SlotInjection",
     "SlotHost", "SlotProtocolError", "SlotLoopStats", "chat_stop_ids", "default_buckets",
-    "default_lanes", "normalize_buckets",
+    "default_lanes", "normalize_buckets", "mesh_of",
     "run_slots", "generate",
 ]
 
@@ -60,7 +82,8 @@ class SlotProtocolError(ValueError):
 
 @dataclass
 class SlotEvents:
-    """Loop -> host, numpy arrays over the B slots. Rows with stopped=False are to be ignored."""
+    """Loop -> host, numpy arrays over the B slots. Rows with stopped=False are to be ignored
+    (their turn_tokens / turn_logprobs are zeros: only stopped turns cross to the host)."""
 
     stopped: np.ndarray  # bool[B]
     stop_reason: np.ndarray  # int32[B], STOP_*
@@ -77,7 +100,8 @@ class SlotEvents:
 
 @dataclass
 class SlotInjection:
-    """Host -> loop. tokens may be narrower than the injection buffer (max_len); it is padded."""
+    """Host -> loop. tokens [B, K] with K <= max_len: only the columns the injection's extends
+    read cross to the device (see the module docstring)."""
 
     tokens: np.ndarray  # int32[B, K]: non-trainable tokens appended to the slot
     num: np.ndarray  # int32[B]: how many of tokens[b] to append (0 = nothing)
@@ -108,6 +132,17 @@ class SlotLoopStats(NamedTuple):
     host_calls: int
     sampled_tokens: int
     hit_limit: bool  # stopped by the max_steps / max_host_calls safety caps, not by the host
+    # (bytes device -> host, bytes host -> device) of each host round, measured on the arrays
+    # that crossed (the round's injection reads included).
+    round_bytes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def bytes_to_host(self) -> int:
+        return sum(r[0] for r in self.round_bytes)
+
+    @property
+    def bytes_from_host(self) -> int:
+        return sum(r[1] for r in self.round_bytes)
 
 
 def chat_stop_ids(chat_format) -> dict[int, int]:
@@ -163,12 +198,15 @@ def _stop_table(stop_ids: Mapping[int, int] | Sequence[int]) -> tuple[tuple[int,
 
 
 class _HostSession:
-    """A live run_slots call: its host, shapes for validation, and the first host error."""
+    """A live run_slots call: its host, shapes for validation, the tokens of the current
+    injection (read by the loop's extends), the traffic so far, and the first host error."""
 
     def __init__(self, host: SlotHost, slots: int, max_len: int, max_turn: int,
                  prefix_lengths=()):
         self.host, self.slots, self.max_len, self.max_turn = host, slots, max_len, max_turn
         self.prefix_lengths = np.asarray(prefix_lengths, np.int32)
+        self.tokens = np.zeros((slots, 0), np.int32)
+        self.traffic = HostTraffic()
         self.error: BaseException | None = None
 
 
@@ -177,24 +215,64 @@ _SESSION_IDS = itertools.count(1)
 _SESSIONS_LOCK = threading.Lock()
 
 
-def _call_host(session_id, stopped, stop_reason, turn_tokens, turn_logprobs, turn_len, cache_len):
-    """The io_callback target: runs the host and turns its answer into fixed-shape arrays.
+def _call_host(session_id, stopped, stop_reason, turn_len, cache_len, flat_tokens,
+               flat_logprobs):
+    """The round's io_callback target: unpacks the stopped turns, runs the host and turns its
+    answer into fixed-shape control arrays (its tokens stay here for `_read_tokens`).
 
     A host exception must not unwind through XLA (it would surface as an opaque runtime error), so
     it is stored, the loop is told `done`, and run_slots re-raises it.
     """
     session = _SESSIONS[int(session_id)]
-    events = SlotEvents(stopped=np.asarray(stopped, bool), stop_reason=np.asarray(stop_reason),
-                        turn_tokens=np.asarray(turn_tokens), turn_logprobs=np.asarray(turn_logprobs),
-                        turn_len=np.asarray(turn_len), cache_len=np.asarray(cache_len))
+    session.traffic.start_round(nbytes(session_id, stopped, stop_reason, turn_len, cache_len,
+                                       flat_tokens, flat_logprobs))
+    stopped = np.asarray(stopped, bool)
+    turn_len = np.asarray(turn_len)
+    counts = np.where(stopped, turn_len, 0)
+    events = SlotEvents(stopped=stopped, stop_reason=np.asarray(stop_reason),
+                        turn_tokens=unpack_rows(np.asarray(flat_tokens), counts, session.max_turn),
+                        turn_logprobs=unpack_rows(np.asarray(flat_logprobs), counts,
+                                                  session.max_turn),
+                        turn_len=turn_len, cache_len=np.asarray(cache_len))
+    answer = None
     if session.error is None:
         try:
-            return _check_injection(session.host(events), events, session)
+            answer = _check_injection(session.host(events), events, session)
         except BaseException as error:  # noqa: BLE001 - re-raised by run_slots
             session.error = error
-    finish = SlotInjection.nothing(session.slots, session.max_len)
-    return (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
-            finish.turn_cap, np.bool_(True))
+    if answer is None:
+        finish = SlotInjection.nothing(session.slots)
+        answer = (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
+                  finish.turn_cap, np.bool_(True))
+    session.tokens = answer[0]
+    control = answer[1:]
+    session.traffic.add(0, nbytes(*control))
+    return control
+
+
+def _read_tokens(session_id, rows, start, *, width: int):
+    """An extend's io_callback target: columns [start, start + width) of the current injection's
+    rows (row index B, an empty lane, reads zeros)."""
+    session = _SESSIONS[int(session_id)]
+    rows, start = np.asarray(rows), int(start)
+    out = np.zeros((len(rows), width), np.int32)
+    present = rows < session.slots
+    part = session.tokens[rows[present], start:start + width]
+    out[np.flatnonzero(present), :part.shape[1]] = part
+    session.traffic.add(nbytes(session_id, rows, np.int32(start)), out.nbytes)
+    return out
+
+
+def _host_reader(session_id, replicated=lambda x: x):
+    """writes.inject's `read_tokens` for host injections: one callback per extend."""
+
+    def read(rows, start, width):
+        tokens = io_callback(functools.partial(_read_tokens, width=width),
+                             jax.ShapeDtypeStruct((rows.shape[0], width), jnp.int32),
+                             session_id, *replicated((rows.astype(jnp.int32), jnp.int32(start))),
+                             ordered=True)
+        return replicated(tokens)
+    return read
 
 
 def _check_injection(injection, events: SlotEvents, session: _HostSession):
@@ -215,8 +293,7 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
     if tokens.ndim != 2 or tokens.shape[0] != slots or tokens.shape[1] > max_len:
         raise SlotProtocolError(
             f"SlotInjection.tokens must have shape [{slots}, K <= {max_len}], got {tokens.shape}")
-    padded = np.zeros((slots, max_len), np.int32)
-    padded[:, :tokens.shape[1]] = tokens
+    tokens = np.ascontiguousarray(tokens, np.int32)
     prefix = (np.full(slots, -1, np.int32) if injection.prefix is None
               else field("prefix", np.int32, (slots,)))
     known = len(session.prefix_lengths)
@@ -243,7 +320,7 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
             f"{start[slot]} tokens and the cache has max_len={max_len}")
     for slot in np.flatnonzero(active & (start + num == 0))[:1]:
         raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
-    return padded, num, reset, active, prefix, turn_cap, np.bool_(injection.done)
+    return tokens, num, reset, active, prefix, turn_cap, np.bool_(injection.done)
 
 
 # ----------------------------------------------------------------------------- the jitted loop
@@ -305,44 +382,94 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
 
 
 def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int,
-                store=None):
+                store=None, constrain=lambda s: s, replicated=lambda x: x):
     """One host call with the current events, then the injection it answers with."""
-    slots = s.active.shape[0]
-    result_shapes = (jax.ShapeDtypeStruct((slots, max_len), jnp.int32),
-                     jax.ShapeDtypeStruct((slots,), jnp.int32),
+    slots, max_turn = s.turn_tokens.shape
+    result_shapes = (jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((), jnp.bool_))
-    tokens, num, reset, active, prefix, turn_cap, done = io_callback(
-        _call_host, result_shapes, session_id, s.stopped, s.stop_reason, s.turn_tokens,
-        s.turn_logprobs, s.turn_len, s.cache.lengths, ordered=True)
+    counts = jnp.where(s.stopped, s.turn_len, 0)
+    widths = flat_widths(slots * max_turn)
+
+    def call_host_with(width):
+        # The stopped turns packed at this static width; the switch below picks the smallest
+        # width that holds them.
+        def call(_):
+            operands = replicated((s.stopped, s.stop_reason, s.turn_len, s.cache.lengths,
+                                   pack_rows(s.turn_tokens, counts, width),
+                                   pack_rows(s.turn_logprobs, counts, width)))
+            return replicated(io_callback(_call_host, result_shapes, session_id, *operands,
+                                          ordered=True))
+        return call
+
+    chosen = jnp.sum(jnp.asarray(widths) < jnp.sum(counts))
+    num, reset, active, prefix, turn_cap, done = jax.lax.switch(
+        chosen, [call_host_with(width) for width in widths], None)
     cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
     logits = s.logits
     if store is not None:
         cache, logits = copy_prefixes(cache, logits, store, prefix)
     num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
-    cache, logits = inject(model, cache, logits, tokens, num, buckets, lanes)
+    cache, logits = inject(model, cache, logits, _host_reader(session_id, replicated), num,
+                           buckets, lanes, max_num=max_len)
     # A new turn starts for slots that stopped or received tokens.
     new_turn = s.stopped | reset | (num > 0)
-    max_turn = s.turn_tokens.shape[1]
     turn_cap = jnp.where(new_turn, jnp.where(turn_cap > 0, turn_cap, max_turn), s.turn_cap)
-    return s._replace(
+    return constrain(s._replace(
         cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
         stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
-        turn_cap=turn_cap, host_calls=s.host_calls + 1, done=done)
+        turn_cap=turn_cap, host_calls=s.host_calls + 1, done=done))
+
+
+def _state_constraint(mesh: Mesh | None):
+    """A function that pins the loop state's large arrays to their shardings over `mesh`: the KV
+    cache as `cache_shardings`, logits and turn buffers split on slots (identity without a mesh).
+    The while loops carry what their bodies return, so every body ends with it."""
+    if mesh is None:
+        return lambda s: s
+
+    def on_slots(x):
+        spec = fit_spec(P(BATCH_AXES), x.shape, mesh)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    def constrain(s: _LoopState) -> _LoopState:
+        cache = jax.lax.with_sharding_constraint(s.cache, cache_shardings(s.cache, mesh))
+        return s._replace(cache=cache, logits=on_slots(s.logits),
+                          turn_tokens=on_slots(s.turn_tokens),
+                          turn_logprobs=on_slots(s.turn_logprobs))
+    return constrain
+
+
+def _replication(mesh: Mesh | None):
+    """A function that replicates a pytree over `mesh` (identity without one): the callbacks'
+    operands and answers, so that the partitioner moves them to and from the host device from
+    a replicated layout instead of remateralising sharded ones (small [B] arrays)."""
+    if mesh is None:
+        return lambda tree: tree
+    everywhere = NamedSharding(mesh, P())
+    return lambda tree: jax.tree_util.tree_map(
+        lambda x: jax.lax.with_sharding_constraint(x, everywhere), tree)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table"))
+    "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table",
+    "mesh"))
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
-               prefix_lengths, *, slots, max_len, max_turn, buckets, lanes, sampling, stop_table):
+               prefix_lengths, *, slots, max_len, max_turn, buckets, lanes, sampling, stop_table,
+               mesh=None):
     model = nnx.merge(graphdef, model_state)
     config = model.config
-    store = (build_prefix_store(model, prefix_tokens, prefix_lengths, buckets)
-             if prefix_tokens.shape[0] else None)
-    state = _LoopState(
+    constrain, replicated = _state_constraint(mesh), _replication(mesh)
+    store = None
+    if prefix_tokens.shape[0]:
+        store = build_prefix_store(model, prefix_tokens, prefix_lengths, buckets)
+        if mesh is not None:
+            store = PrefixStore(jax.lax.with_sharding_constraint(
+                store.cache, cache_shardings(store.cache, mesh)), store.logits)
+    state = constrain(_LoopState(
         cache=init_cache(config, slots, max_len),
         logits=jnp.zeros((slots, config.vocab_size), jnp.float32),
         active=jnp.zeros((slots,), bool), stopped=jnp.zeros((slots,), bool),
@@ -352,7 +479,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
         turn_len=jnp.zeros((slots,), jnp.int32),
         turn_cap=jnp.full((slots,), max_turn, jnp.int32),
         decode_steps=jnp.int32(0), host_calls=jnp.int32(0), sampled_tokens=jnp.int32(0),
-        done=jnp.bool_(False))
+        done=jnp.bool_(False)))
 
     def under_limits(s):
         return (s.decode_steps < max_steps) & (s.host_calls < max_host_calls)
@@ -360,14 +487,24 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
     def decode_until_a_stop(s):
         return jax.lax.while_loop(
             lambda s: ~s.done & ~jnp.any(s.stopped) & jnp.any(s.active) & under_limits(s),
-            lambda s: _decode_step(model, s, rng, sampling, stop_table, max_len), s)
+            lambda s: constrain(_decode_step(model, s, rng, sampling, stop_table, max_len)), s)
 
     def outer_body(s):
         return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
-                                               store))
+                                               store, constrain, replicated))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
     return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
+
+
+def mesh_of(model_state) -> Mesh | None:
+    """The mesh the parameters are sharded over (NamedSharding on more than one device), or
+    None: run_slots then shards its cache over the same mesh."""
+    for leaf in jax.tree_util.tree_leaves(model_state):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+            return sharding.mesh
+    return None
 
 
 def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int,
@@ -375,7 +512,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
               stop_ids: Mapping[int, int] | Sequence[int] = (), rng=None,
               buckets: Sequence[int] | None = None, lanes: int | None = None,
               prefixes: Sequence[Sequence[int]] = (), max_steps: int = 1 << 30,
-              max_host_calls: int = 1 << 30) -> SlotLoopStats:
+              max_host_calls: int = 1 << 30, mesh: Mesh | None = None) -> SlotLoopStats:
     """Runs the slot loop until the host answers done (or a safety cap is hit).
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
@@ -388,7 +525,10 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     when the loop starts, and a host starts a reset slot from one (SlotInjection.prefix) instead
     of writing those tokens again.
     max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
-    All results reach the host through SlotEvents; this returns counters only."""
+    mesh: shards the KV cache, logits and turn buffers over it (slots over data x fsdp, kv heads
+    over tensor); default: the mesh model_state is sharded over (`mesh_of`), none if unsharded.
+    All results reach the host through SlotEvents; this returns counters and the bytes each host
+    round moved."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
     buckets = normalize_buckets(buckets, max_len)
     if buckets[0] <= 0:
@@ -396,6 +536,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     lanes = default_lanes(slots) if lanes is None else min(int(lanes), slots)
     if lanes <= 0:
         raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
+    mesh = mesh_of(model_state) if mesh is None else mesh
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len)
     session = _HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes])
@@ -408,14 +549,16 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
                               jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,
                               prefix_lengths, slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
-                              lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids))
+                              lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids),
+                              mesh=mesh)
         decode_steps, host_calls, sampled, done = jax.device_get(counters)
     finally:
         with _SESSIONS_LOCK:
             del _SESSIONS[session_id]
     if session.error is not None:
         raise session.error
-    return SlotLoopStats(int(decode_steps), int(host_calls), int(sampled), not bool(done))
+    return SlotLoopStats(int(decode_steps), int(host_calls), int(sampled), not bool(done),
+                         tuple(tuple(r) for r in session.traffic.rounds))
 
 
 def _prefix_arrays(prefixes: Sequence[Sequence[int]], buckets: Sequence[int], max_len: int):
@@ -469,12 +612,14 @@ class _PromptQueueHost:
 def generate(model_state, graphdef, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampling: Sampling = Sampling(), stop_ids: Mapping[int, int] | Sequence[int] = (),
              rng=None, *, slots: int | None = None, max_len: int | None = None,
-             length_multiple: int = 128) -> tuple[list[np.ndarray], list[np.ndarray]]:
+             length_multiple: int = 128, mesh: Mesh | None = None
+             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Batched generation over the slot loop: (tokens, logprobs) sampled after each prompt.
 
     Each prompt gets one turn of at most max_new_tokens, ending at a stop id. slots defaults to
     all prompts at once (fewer slots queue the rest); max_len defaults to the longest prompt +
     max_new_tokens rounded up to length_multiple, so similar batches share one compilation.
+    mesh: as run_slots'.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise SlotProtocolError("prompts must be a non-empty list of non-empty token lists")
@@ -487,5 +632,5 @@ def generate(model_state, graphdef, prompts: Sequence[Sequence[int]], max_new_to
     host = _PromptQueueHost(prompts, slots)
     # lanes=slots: the first host call fills every slot at once, as one extend of all rows.
     run_slots(model_state, graphdef, host, slots=slots, max_len=max_len, max_turn=max_new_tokens,
-              sampling=sampling, stop_ids=stop_ids, rng=rng, lanes=slots)
+              sampling=sampling, stop_ids=stop_ids, rng=rng, lanes=slots, mesh=mesh)
     return host.tokens, host.logprobs

@@ -15,9 +15,16 @@ import jax.numpy as jnp
 from matpo_jax.model.qwen3 import KVCache, init_cache
 
 
-def inject(model, cache: KVCache, logits, tokens, num, buckets, lanes: int):
-    """Appends tokens[b, :num[b]] to every row with num[b] > 0 and sets its next-token logits
-    (the extend's at index num-1); other rows keep theirs, and nothing runs when num is all 0.
+def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int, max_num: int):
+    """Appends the first num[b] tokens of row b to every row with num[b] > 0 and sets its
+    next-token logits (the extend's at index num-1); other rows keep theirs, and nothing runs
+    when num is all 0.
+
+    read_tokens(rows, start, width) -> int32[len(rows), width]: columns [start, start + width)
+    of the given rows' tokens (row index B = an empty lane: any tokens). It is called once per
+    extend with the extend's static width, so a reader that fetches from the host moves exactly
+    the positions the extend computes (see `loop.py`, the host protocol). max_num: a static bound
+    on num (whether a chunked extend has to be compiled).
 
     With lanes >= B, all rows are extended together at the smallest width of `buckets` that fits
     max(num). With lanes < B, the rows that receive tokens are gathered `lanes` at a time into a
@@ -29,15 +36,16 @@ def inject(model, cache: KVCache, logits, tokens, num, buckets, lanes: int):
     """
     slots = num.shape[0]
     if lanes >= slots:
-        return bucketed_extend(model, cache, logits, tokens, num, buckets)
+        return bucketed_extend(model, cache, logits, read_tokens, jnp.arange(slots), num, buckets,
+                               max_num)
 
     def extend_lanes(carry):
         cache, logits, pending = carry
         rows = jnp.nonzero(pending, size=lanes, fill_value=slots)[0]  # slots = an empty lane
         gather = jnp.minimum(rows, slots - 1)
         lane_num = jnp.where(rows < slots, num[gather], 0)
-        sub, new = bucketed_extend(model, cache.rows(gather), logits[gather], tokens[gather],
-                                   lane_num, buckets)
+        sub, new = bucketed_extend(model, cache.rows(gather), logits[gather], read_tokens, rows,
+                                   lane_num, buckets, max_num)
         # Empty lanes scatter to row `slots`, which mode="drop" discards.
         return (cache.set_rows(rows, sub), logits.at[rows].set(new, mode="drop"),
                 pending.at[rows].set(False, mode="drop"))
@@ -47,9 +55,21 @@ def inject(model, cache: KVCache, logits, tokens, num, buckets, lanes: int):
     return cache, logits
 
 
-def bucketed_extend(model, cache: KVCache, logits, tokens, num, buckets):
-    """Extends every row of `cache` by the smallest static width in `buckets` that fits max(num);
-    longer writes go through a loop of extends of the last width (`extend_in_chunks`).
+def array_reader(tokens):
+    """A `read_tokens` over a device array tokens [B, W] (columns past W read as 0)."""
+
+    def read(rows, start, width):
+        picked = tokens[jnp.minimum(rows, tokens.shape[0] - 1)]
+        picked = jnp.pad(picked, ((0, 0), (0, width)))  # every slice in bounds
+        return jax.lax.dynamic_slice_in_dim(picked, start, width, axis=1)
+    return read
+
+
+def bucketed_extend(model, cache: KVCache, logits, read_tokens, rows, num, buckets,
+                    max_num: int):
+    """Extends every row of `cache` (the token rows `rows` of `read_tokens`) by the smallest
+    static width in `buckets` that fits max(num); when max_num exceeds the last bucket, longer
+    writes go through a loop of extends of the last width (`extend_in_chunks`).
 
     The width is picked by one `lax.cond` per bucket (at most one is taken) rather than a
     `lax.switch`: XLA updates the cache in place through a conditional whose other branch is the
@@ -57,12 +77,13 @@ def bucketed_extend(model, cache: KVCache, logits, tokens, num, buckets):
     """
 
     def extend_once(width):
-        return lambda cache, logits: _extend(model, cache, logits, tokens[:, :width], num)
+        return lambda cache, logits: _extend(model, cache, logits,
+                                             read_tokens(rows, jnp.int32(0), width), num)
 
     branches = [extend_once(width) for width in buckets]
-    if buckets[-1] < tokens.shape[1]:
-        branches.append(lambda cache, logits: extend_in_chunks(model, cache, logits, tokens, num,
-                                                                buckets[-1]))
+    if buckets[-1] < max_num:
+        branches.append(lambda cache, logits: extend_in_chunks(
+            model, cache, logits, read_tokens, rows, num, buckets[-1]))
     longest = jnp.max(num)
     chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
     for index, branch in enumerate(branches):
@@ -82,17 +103,16 @@ def _extend(model, cache: KVCache, logits, tokens, num):
     return cache, jnp.where((num > 0)[:, None], new, logits)
 
 
-def extend_in_chunks(model, cache: KVCache, logits, tokens, num, chunk: int):
+def extend_in_chunks(model, cache: KVCache, logits, read_tokens, rows, num, chunk: int):
     """Writes a long injection as a loop of `chunk`-wide extends: the extend activations stay
     chunk-sized whatever the context length, and only one more extend width is compiled."""
 
     def write_chunk(carry):
         start, cache, logits = carry
-        part = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        part = read_tokens(rows, start, chunk)
         cache, logits = _extend(model, cache, logits, part, jnp.clip(num - start, 0, chunk))
         return start + chunk, cache, logits
 
-    tokens = jnp.pad(tokens, ((0, 0), (0, -tokens.shape[1] % chunk)))  # every slice in bounds
     _, cache, logits = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(num), write_chunk,
                                           (jnp.int32(0), cache, logits))
     return cache, logits
@@ -130,8 +150,8 @@ def build_prefix_store(model, tokens, lengths, buckets) -> PrefixStore:
     rows, width = tokens.shape
     cache = init_cache(model.config, rows, width)
     logits = jnp.zeros((rows, model.config.vocab_size), jnp.float32)
-    cache, logits = inject(model, cache, logits, tokens, lengths,
-                           prefix_store_buckets(buckets, width), lanes=1)
+    cache, logits = inject(model, cache, logits, array_reader(tokens), lengths,
+                           prefix_store_buckets(buckets, width), lanes=1, max_num=width)
     return PrefixStore(cache, logits)
 
 

@@ -1,0 +1,102 @@
+"""How many decode slots fit in a chip's memory, and a clear error at start when too few do.
+
+The slot loop's KV cache holds, per slot, every layer's keys and values for max_len positions:
+layers x kv_heads x head_dim x max_len x 2 (K, V) x dtype bytes. Over a mesh it is split like
+`parallel.cache_shardings`: kv heads over "tensor" (when they divide evenly; otherwise every
+tensor shard holds all heads) and slots over "data" x "fsdp" (when the slot count divides; this
+module insists that it does, since a replicated cache multiplies the memory by the shard count).
+Each slot also keeps float32 next-token logits [vocab] and its turn buffers (int32 tokens and
+float32 log-probs [max_turn]), split over slots but not over tensor. Not counted: the shared
+prefix store (one row per registered prefix, usually a few percent of the slots' positions) and
+the transient activations of an extend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from matpo_jax.model.config import Qwen3Config
+
+
+class DecodeSlotsError(ValueError):
+    """Fewer decode slots fit than the config asks for (or they cannot be split evenly)."""
+
+
+@dataclass(frozen=True)
+class SlotBudget:
+    """What one decode slot costs on one chip and how many slots fit the mesh."""
+
+    kv_bytes_per_slot: int  # this chip's share of one slot's KV cache
+    other_bytes_per_slot: int  # logits and turn buffers of one slot
+    kv_heads_per_chip: int
+    batch_shards: int  # data x fsdp: the slots are split over these
+    slots_per_chip: int  # slots whose state fits the per-chip budget
+    slots_that_fit: int  # slots_per_chip x batch_shards
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.kv_bytes_per_slot + self.other_bytes_per_slot
+
+
+def kv_heads_per_chip(config: Qwen3Config, tensor: int) -> int:
+    """KV heads one chip holds: split over tensor when it divides them (`fit_spec`)."""
+    heads = config.num_key_value_heads
+    return heads // tensor if heads % tensor == 0 else heads
+
+
+def kv_bytes_per_slot(config: Qwen3Config, max_len: int, tensor: int = 1,
+                      dtype: str | None = None) -> int:
+    """One slot's KV cache on one chip: layers x kv_heads / tensor x head_dim x max_len x 2 x
+    dtype bytes (dtype defaults to the model's compute dtype, the cache's)."""
+    itemsize = np.dtype(dtype or config.dtype).itemsize
+    return (config.num_hidden_layers * kv_heads_per_chip(config, tensor) * config.head_dim
+            * max_len * 2 * itemsize)
+
+
+def decode_slot_budget(config: Qwen3Config, max_len: int, per_chip_bytes: int, *,
+                       data: int = 1, fsdp: int = 1, tensor: int = 1, max_turn: int = 0,
+                       dtype: str | None = None) -> SlotBudget:
+    """How many decode slots of max_len positions fit when each chip has per_chip_bytes for them
+    (its HBM minus parameters, optimizer state and the rest), on a data x fsdp x tensor mesh."""
+    for name, value in (("max_len", max_len), ("data", data), ("fsdp", fsdp),
+                        ("tensor", tensor)):
+        if int(value) <= 0:
+            raise DecodeSlotsError(f"{name} must be a positive integer, got {value!r}")
+    kv = kv_bytes_per_slot(config, max_len, tensor, dtype)
+    other = 4 * config.vocab_size + 8 * max(0, int(max_turn))
+    per_chip = max(0, int(per_chip_bytes)) // (kv + other)
+    shards = int(data) * int(fsdp)
+    return SlotBudget(kv_bytes_per_slot=kv, other_bytes_per_slot=other,
+                      kv_heads_per_chip=kv_heads_per_chip(config, tensor), batch_shards=shards,
+                      slots_per_chip=per_chip, slots_that_fit=per_chip * shards)
+
+
+def check_decode_slots(requested: int, config: Qwen3Config, max_len: int, per_chip_bytes: int,
+                       *, data: int = 1, fsdp: int = 1, tensor: int = 1, max_turn: int = 0,
+                       dtype: str | None = None, field: str = "rollout.decode_slots"
+                       ) -> SlotBudget:
+    """The budget when `requested` slots fit; otherwise DecodeSlotsError, one line naming
+    `field`, what a slot costs per chip and how many fit."""
+    budget = decode_slot_budget(config, max_len, per_chip_bytes, data=data, fsdp=fsdp,
+                                tensor=tensor, max_turn=max_turn, dtype=dtype)
+    if requested % budget.batch_shards:
+        raise DecodeSlotsError(
+            f"{field}={requested} is not a multiple of mesh data x fsdp = {budget.batch_shards}: "
+            "the slots could not be split over the chips and every chip would hold the whole "
+            "cache")
+    if requested > budget.slots_that_fit:
+        itemsize = np.dtype(dtype or config.dtype).itemsize
+        raise DecodeSlotsError(
+            f"{field}={requested} does not fit: only {budget.slots_that_fit} decode slots fit "
+            f"({budget.slots_per_chip} per chip x {budget.batch_shards} data x fsdp shards); one "
+            f"slot needs {_mib(budget.bytes_per_slot)} per chip (KV cache "
+            f"{config.num_hidden_layers} layers x {budget.kv_heads_per_chip} kv heads x "
+            f"{config.head_dim} x max_len {max_len} x 2 x {itemsize} bytes = "
+            f"{_mib(budget.kv_bytes_per_slot)}) and the budget is {_mib(per_chip_bytes)} per "
+            f"chip; lower {field} or the context length, or raise mesh.tensor")
+    return budget
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:,.1f} MiB"
