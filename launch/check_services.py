@@ -174,18 +174,16 @@ def main(argv=None) -> int:
 
     flag_values = flags.FlagValues()
     argv = list(sys.argv if argv is None else argv)
-    config, _ = config_lib.define_flags(flag_values=flag_values, sys_argv=argv)
+    config, _ = config_lib.define_flags(flag_values=flag_values)
     wait = flags.DEFINE_float("wait_s", 120.0, "How long to wait for a service that is not up "
                               "yet.", flag_values=flag_values)
     try:
         config_lib.parse_flags(argv, flag_values)
+        cfg = config_lib.config_from_flags(config, check_files=False)
     except config_lib.ConfigError as error:
         print(f"FATAL config error: {error}", file=sys.stderr)
         return 2
-    if config.value is None:
-        print("FATAL config error: --config is required", file=sys.stderr)
-        return 2
-    checks, problems = checks_from_config(config.value)
+    checks, problems = checks_from_config(cfg)
     lines, healthy = report(run_checks(checks, wait.value), problems)
     print("\n".join(lines), flush=True)
     return 0 if healthy else 1
