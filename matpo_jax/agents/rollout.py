@@ -32,6 +32,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import time
 from typing import Sequence
 
@@ -102,6 +103,10 @@ class RolloutConfig:
     # whole decode batch waits). True: they run in the background; each agent gives up its slot
     # until its results are back, and the batch decodes on. For remote tools with real latency.
     async_tools: bool = False
+    # The longest the engine waits for one search/open call, from its submission: past it the
+    # call is answered with an error text and counted (`tool_timeouts`); its thread is left to
+    # finish on its own. The clients' own deadline (HttpPolicy.deadline_s) should come first.
+    tool_timeout_s: float = 300.0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -129,6 +134,10 @@ class RolloutConfig:
             raise RolloutConfigError(f"final_summary_max_tokens must be an integer in [1, "
                                      f"max_new_tokens={self.max_new_tokens}] or None, got "
                                      f"{self.final_summary_max_tokens!r}")
+        if not (isinstance(self.tool_timeout_s, (int, float)) and not isinstance(
+                self.tool_timeout_s, bool) and 0 < self.tool_timeout_s < math.inf):
+            raise RolloutConfigError(f"tool_timeout_s must be a positive number of seconds, got "
+                                     f"{self.tool_timeout_s!r}")
         if self.max_new_tokens >= self.max_context:
             raise RolloutConfigError(f"max_new_tokens ({self.max_new_tokens}) must be smaller "
                                      f"than max_context ({self.max_context})")
@@ -165,22 +174,33 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     never raising); the engine handles `subagent` itself. rng: the sampler's key.
     """
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
-        engine = _Engine(chat, toolbox, cfg, pool)
+    tool_counts = _tool_counts(toolbox)
+    pool = concurrent.futures.ThreadPoolExecutor(cfg.tool_threads)
+    engine = _Engine(chat, toolbox, cfg, pool)
+    try:
         engine.start(questions)
         loop = sampler.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.slots, max_len=cfg.max_context,
             max_turn=cfg.max_new_tokens, sampling=cfg.sampling, stop_ids=_stop_ids(chat), rng=rng,
             buckets=cfg.injection_buckets, lanes=cfg.injection_lanes,
             prefixes=engine.scheduler.prefixes)
+    finally:  # calls the engine stopped waiting for are not waited for here either
+        pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     metrics = rollout_metrics(rollouts, cfg)
     metrics.update(engine.counters)
+    metrics.update(tools.counts_since(tool_counts, _tool_counts(toolbox)))
     metrics.update(slot_metrics(loop, engine.scheduler, cfg),
                    wall_time_s=time.perf_counter() - start)
     metrics["rollouts_per_s"] = metrics["num_top_level"] / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
+
+
+def _tool_counts(toolbox) -> dict[str, int]:
+    """The toolbox's call counters (tools.ToolMetrics), if it keeps them."""
+    metrics = getattr(toolbox, "metrics", None)
+    return metrics.snapshot() if hasattr(metrics, "snapshot") else {}
 
 
 def _stop_ids(chat) -> dict[int, int]:
@@ -216,6 +236,15 @@ class _Call:
     response: str | None = None  # None until known (tool run, or worker report)
 
 
+@dataclasses.dataclass
+class _ToolJobs:
+    """search/open calls running in the pool for one agent (or one host call)."""
+
+    calls: list[_Call]
+    futures: list[concurrent.futures.Future]
+    deadline: float  # time.monotonic() past which the engine stops waiting for them
+
+
 class _Engine:
     def __init__(self, chat, toolbox, cfg: RolloutConfig, pool):
         self.chat, self.toolbox, self.cfg, self.pool = chat, toolbox, cfg, pool
@@ -223,9 +252,9 @@ class _Engine:
         self.scheduler = SlotScheduler(cfg.slots, cfg.max_context, self.on_turns,
                                        mix_roles=cfg.mix_roles, group_order=(PLANNER, WORKER),
                                        on_idle=self._wait_for_tools if cfg.async_tools else None)
-        # async_tools: agent id -> (its calls, the futures running them)
-        self._in_flight: dict[int, tuple[list[_Call], list[concurrent.futures.Future]]] = {}
-        self.counters = collections.Counter(worker_calls_over_limit=0, errors=0)
+        # async_tools: agent id -> its search/open calls in the pool
+        self._in_flight: dict[int, _ToolJobs] = {}
+        self.counters = collections.Counter(worker_calls_over_limit=0, errors=0, tool_timeouts=0)
         self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
 
     # ----------------------------------------------------------------------- starting rollouts
@@ -298,8 +327,7 @@ class _Engine:
             for seq_id, plan in plans.items():
                 jobs = _tool_jobs(plan) if isinstance(plan, list) else []
                 if jobs:
-                    self._in_flight[seq_id] = (plan, [self.pool.submit(self._run_tool, c)
-                                                      for c in jobs])
+                    self._in_flight[seq_id] = self._submit(jobs)
                     decisions[seq_id] = PARK
         else:
             self._run_tools([call for plan in plans.values() if isinstance(plan, list)
@@ -316,12 +344,13 @@ class _Engine:
     def _requeue_finished_tools(self) -> None:
         """Answers every parked agent whose tool calls are all back, and queues it to decode on
         (in its slot, if nobody took it meanwhile)."""
-        for seq_id, (calls, futures) in list(self._in_flight.items()):
-            if not all(f.done() for f in futures):
+        for seq_id, jobs in list(self._in_flight.items()):
+            if not (all(f.done() for f in jobs.futures) or time.monotonic() >= jobs.deadline):
                 continue
             del self._in_flight[seq_id]
+            self._collect(jobs)
             agent = self.agents[seq_id]
-            decision = self._guard(agent, self._answer_calls, agent, calls)
+            decision = self._guard(agent, self._answer_calls, agent, jobs.calls)
             if isinstance(decision, Continue):  # else the rollout ended: its slot is reclaimed
                 self._resume(agent, decision.turn_cap)
 
@@ -329,7 +358,9 @@ class _Engine:
         """No slot has anything to decode: blocks until some tool call is back (async_tools)."""
         if not self._in_flight:
             return False
-        concurrent.futures.wait([f for _, futures in self._in_flight.values() for f in futures],
+        first_deadline = min(jobs.deadline for jobs in self._in_flight.values())
+        concurrent.futures.wait([f for jobs in self._in_flight.values() for f in jobs.futures],
+                                timeout=max(0.0, first_deadline - time.monotonic()),
                                 return_when=concurrent.futures.FIRST_COMPLETED)
         self._requeue_finished_tools()
         return True
@@ -389,21 +420,39 @@ class _Engine:
         return calls
 
     def _run_tools(self, calls: list[_Call]) -> None:
-        """Runs every pending search/open call of this host call concurrently."""
-        futures = [self.pool.submit(self._run_tool, c) for c in _tool_jobs(calls)]
-        for future in futures:
-            future.result()
+        """Runs every pending search/open call of this host call concurrently, waiting at most
+        `tool_timeout_s` for them."""
+        jobs = self._submit(_tool_jobs(calls))
+        concurrent.futures.wait(jobs.futures, timeout=max(0.0, jobs.deadline - time.monotonic()))
+        self._collect(jobs)
 
-    def _run_tool(self, call: _Call) -> None:
+    def _submit(self, calls: list[_Call]) -> _ToolJobs:
+        futures = [self.pool.submit(self._run_tool, c.call) for c in calls]
+        return _ToolJobs(calls, futures, time.monotonic() + self.cfg.tool_timeout_s)
+
+    def _collect(self, jobs: _ToolJobs) -> None:
+        """Answers each call with its result, or with an error text if it is still running (the
+        engine's thread writes every answer: a late result cannot change a trajectory)."""
+        for call, future in zip(jobs.calls, jobs.futures):
+            if future.done():
+                text, ok = future.result()
+            else:
+                future.cancel()  # not started yet: never runs
+                self.counters["tool_timeouts"] += 1
+                text, ok = (f"Error: {call.call.name} failed: no result within "
+                            f"{self.cfg.tool_timeout_s:g} s", False)
+            if not ok:
+                call.record.tool_failed = True
+                call.record.error = text
+            call.response = text[:self.cfg.tool_response_max_chars]
+
+    def _run_tool(self, call: ToolCall) -> tuple[str, bool]:
+        """(text, ok) of one call; runs in the pool, touches no engine state."""
         try:
-            result = self.toolbox.call(call.call.name, call.call.arguments)
-            text, ok = result.text, result.ok
+            result = self.toolbox.call(call.name, call.arguments)
+            return result.text, result.ok
         except Exception as exc:  # noqa: BLE001 - ToolBox never raises; a fault all the same
-            text, ok = f"Error: {call.call.name} failed: {type(exc).__name__}: {exc}", False
-        if not ok:
-            call.record.tool_failed = True
-            call.record.error = text
-        call.response = text[:self.cfg.tool_response_max_chars]
+            return f"Error: {call.name} failed: {type(exc).__name__}: {exc}", False
 
     def _answer_calls(self, agent: _Agent, calls: list[_Call]) -> Decision:
         """After the tools ran: spawn workers for subagent calls, else answer in place."""
