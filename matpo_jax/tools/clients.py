@@ -32,7 +32,7 @@ from matpo_jax.tools.http_tool import (HttpPolicy, HttpTool, Truncated, endpoint
                                        parse_json, response_text)
 from matpo_jax.tools.results import (  # noqa: F401 - the error kinds, importable from here
     BAD_ARGUMENTS, BAD_RESPONSE, BLOCKED_URL, CLIENT_ERROR, CONNECTION_ERROR, INTERNAL_ERROR,
-    INVALID_JSON, MALFORMED_CALL, PROTOCOL_ERROR, SERVER_ERROR, STUCK, TIMEOUT, TOO_LARGE,
+    INVALID_JSON, MALFORMED_CALL, PROTOCOL_ERROR, SERVER_ERROR, TIMEOUT, TOO_LARGE,
     TOO_MANY_REDIRECTS, UNKNOWN_TOOL, UNSUPPORTED_CONTENT, ToolFailure, ToolMetrics, ToolResult)
 from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA
 from matpo_jax.tools.transport import HttpTransport

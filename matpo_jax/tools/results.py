@@ -27,12 +27,11 @@ BAD_ARGUMENTS = "bad_arguments"
 UNKNOWN_TOOL = "unknown_tool"
 MALFORMED_CALL = "malformed_call"
 INTERNAL_ERROR = "internal_error"
-STUCK = "stuck"  # the rollout engine stopped waiting for the call (see agents/rollout.py)
 
 __all__ = ["BLOCKED_URL", "CONNECTION_ERROR", "PROTOCOL_ERROR", "TIMEOUT", "TOO_MANY_REDIRECTS",
            "SERVER_ERROR", "CLIENT_ERROR", "INVALID_JSON", "BAD_RESPONSE", "TOO_LARGE",
            "UNSUPPORTED_CONTENT", "BAD_ARGUMENTS", "UNKNOWN_TOOL", "MALFORMED_CALL",
-           "INTERNAL_ERROR", "STUCK", "ToolResult", "ToolFailure", "ToolMetrics"]
+           "INTERNAL_ERROR", "ToolResult", "ToolFailure", "ToolMetrics"]
 
 
 @dataclasses.dataclass(frozen=True)
