@@ -23,6 +23,11 @@ setup(
         "ml-collections>=1.0",
         "absl-py>=2.1",
         "requests>=2.31",
+        # `open` on real web pages: main text of HTML pages, text of PDFs.
+        "trafilatura>=2.0",
+        "pypdf>=5.0",
+        # Disk cache of tool results (evaluation reruns and resumed runs never pay twice).
+        "diskcache>=5.6",
         "jinja2>=3.1",
         # BM25 ranking for the local search service.
         "bm25s>=0.2.13",

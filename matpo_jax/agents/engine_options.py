@@ -21,6 +21,10 @@ class EngineOptions:
     # writing into n slots runs ceil(n / lanes) extends of that many rows.
     injection_lanes: int | None = None
     tool_threads: int = 16  # concurrent tool calls per host call
+    # The longest the engine waits for one search/open call, from its submission: past it the
+    # call is answered with an error text and counted (`tool_timeouts`); its thread is left to
+    # finish on its own. The clients' own deadline (HttpPolicy.deadline_s) should come first.
+    tool_timeout_s: float = 300.0
 
     def __post_init__(self):
         if self.injection_buckets is not None and (
@@ -32,3 +36,8 @@ class EngineOptions:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"EngineOptions.{name} must be a positive integer, got "
                                  f"{value!r}")
+        timeout = self.tool_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not 0 < timeout < float("inf"):
+            raise ValueError(f"EngineOptions.tool_timeout_s must be a positive number of seconds, "
+                             f"got {self.tool_timeout_s!r}")

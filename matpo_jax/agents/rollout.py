@@ -92,23 +92,34 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     `subagent` itself. rng: the sampler's key.
     """
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(options.tool_threads) as pool:
-        engine = _Engine(chat, toolbox, cfg, options, pool)
+    tool_counts = _tool_counts(toolbox)
+    pool = concurrent.futures.ThreadPoolExecutor(options.tool_threads)
+    engine = _Engine(chat, toolbox, cfg, options, pool)
+    try:
         engine.start(questions)
         loop = sampler.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.decode_slots,
             max_len=cfg.max_context, max_turn=cfg.max_new_tokens_per_turn, sampling=sampling(cfg),
             stop_ids=_stop_ids(chat), rng=rng, buckets=options.injection_buckets,
             lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes)
+    finally:  # calls the engine stopped waiting for are not waited for here either
+        pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
     engine.check_all_finished()
     rollouts = sorted((a.record for a in engine.agents.values()), key=lambda r: r.rollout_id)
     # The decode traffic; the trajectory statistics are rollout_metrics.rollout_stats(rollouts).
     metrics = dict(engine.counters)
+    metrics.update(tools.counts_since(tool_counts, _tool_counts(toolbox)))
     metrics.update(slot_metrics(loop, engine.scheduler, cfg, options),
                    wall_time_s=time.perf_counter() - start)
     top_level = sum(r.role != WORKER for r in rollouts)
     metrics["rollouts_per_s"] = top_level / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
+
+
+def _tool_counts(toolbox) -> dict[str, int]:
+    """The toolbox's call counters (tools.ToolMetrics), if it keeps them."""
+    metrics = getattr(toolbox, "metrics", None)
+    return metrics.snapshot() if hasattr(metrics, "snapshot") else {}
 
 
 def _stop_ids(chat) -> dict[int, int]:
@@ -144,16 +155,26 @@ class _Call:
     response: str | None = None  # None until known (tool run, or worker report)
 
 
+@dataclasses.dataclass
+class _ToolJobs:
+    """search/open calls running in the pool for one agent (or one host call)."""
+
+    calls: list[_Call]
+    futures: list[concurrent.futures.Future]
+    deadline: float  # time.monotonic() past which the engine stops waiting for them
+
+
 class _Engine:
     def __init__(self, chat, toolbox, cfg: RolloutSection, options: EngineOptions, pool):
-        self.chat, self.toolbox, self.cfg, self.pool = chat, toolbox, cfg, pool
+        self.chat, self.toolbox, self.cfg, self.options = chat, toolbox, cfg, options
+        self.pool = pool
         self.agents: dict[int, _Agent] = {}
         self.scheduler = SlotScheduler(cfg.decode_slots, cfg.max_context, self.on_turns,
                                        mix_roles=options.mix_roles, group_order=(PLANNER, WORKER),
                                        on_idle=self._wait_for_tools if cfg.async_tools else None)
-        # async_tools: agent id -> (its calls, the futures running them)
-        self._in_flight: dict[int, tuple[list[_Call], list[concurrent.futures.Future]]] = {}
-        self.counters = collections.Counter(worker_calls_over_limit=0, errors=0)
+        # async_tools: agent id -> its search/open calls in the pool
+        self._in_flight: dict[int, _ToolJobs] = {}
+        self.counters = collections.Counter(worker_calls_over_limit=0, errors=0, tool_timeouts=0)
         self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
 
     # ----------------------------------------------------------------------- starting rollouts
@@ -226,8 +247,7 @@ class _Engine:
             for seq_id, plan in plans.items():
                 jobs = _tool_jobs(plan) if isinstance(plan, list) else []
                 if jobs:
-                    self._in_flight[seq_id] = (plan, [self.pool.submit(self._run_tool, c)
-                                                      for c in jobs])
+                    self._in_flight[seq_id] = self._submit(jobs)
                     decisions[seq_id] = PARK
         else:
             self._run_tools([call for plan in plans.values() if isinstance(plan, list)
@@ -244,12 +264,13 @@ class _Engine:
     def _requeue_finished_tools(self) -> None:
         """Answers every parked agent whose tool calls are all back, and queues it to decode on
         (in its slot, if nobody took it meanwhile)."""
-        for seq_id, (calls, futures) in list(self._in_flight.items()):
-            if not all(f.done() for f in futures):
+        for seq_id, jobs in list(self._in_flight.items()):
+            if not (all(f.done() for f in jobs.futures) or time.monotonic() >= jobs.deadline):
                 continue
             del self._in_flight[seq_id]
+            self._collect(jobs)
             agent = self.agents[seq_id]
-            decision = self._guard(agent, self._answer_calls, agent, calls)
+            decision = self._guard(agent, self._answer_calls, agent, jobs.calls)
             if isinstance(decision, Continue):  # else the rollout ended: its slot is reclaimed
                 self._resume(agent, decision.turn_cap)
 
@@ -257,7 +278,9 @@ class _Engine:
         """No slot has anything to decode: blocks until some tool call is back (async_tools)."""
         if not self._in_flight:
             return False
-        concurrent.futures.wait([f for _, futures in self._in_flight.values() for f in futures],
+        first_deadline = min(jobs.deadline for jobs in self._in_flight.values())
+        concurrent.futures.wait([f for jobs in self._in_flight.values() for f in jobs.futures],
+                                timeout=max(0.0, first_deadline - time.monotonic()),
                                 return_when=concurrent.futures.FIRST_COMPLETED)
         self._requeue_finished_tools()
         return True
@@ -317,21 +340,39 @@ class _Engine:
         return calls
 
     def _run_tools(self, calls: list[_Call]) -> None:
-        """Runs every pending search/open call of this host call concurrently."""
-        futures = [self.pool.submit(self._run_tool, c) for c in _tool_jobs(calls)]
-        for future in futures:
-            future.result()
+        """Runs every pending search/open call of this host call concurrently, waiting at most
+        `tool_timeout_s` for them."""
+        jobs = self._submit(_tool_jobs(calls))
+        concurrent.futures.wait(jobs.futures, timeout=max(0.0, jobs.deadline - time.monotonic()))
+        self._collect(jobs)
 
-    def _run_tool(self, call: _Call) -> None:
+    def _submit(self, calls: list[_Call]) -> _ToolJobs:
+        futures = [self.pool.submit(self._run_tool, c.call) for c in calls]
+        return _ToolJobs(calls, futures, time.monotonic() + self.options.tool_timeout_s)
+
+    def _collect(self, jobs: _ToolJobs) -> None:
+        """Answers each call with its result, or with an error text if it is still running (the
+        engine's thread writes every answer: a late result cannot change a trajectory)."""
+        for call, future in zip(jobs.calls, jobs.futures):
+            if future.done():
+                text, ok = future.result()
+            else:
+                future.cancel()  # not started yet: never runs
+                self.counters["tool_timeouts"] += 1
+                text, ok = (f"Error: {call.call.name} failed: no result within "
+                            f"{self.options.tool_timeout_s:g} s", False)
+            if not ok:
+                call.record.tool_failed = True
+                call.record.error = text
+            call.response = text  # search/open text arrives capped by the toolbox
+
+    def _run_tool(self, call: ToolCall) -> tuple[str, bool]:
+        """(text, ok) of one call; runs in the pool, touches no engine state."""
         try:
-            result = self.toolbox.call(call.call.name, call.call.arguments)
-            text, ok = result.text, result.ok
+            result = self.toolbox.call(call.name, call.arguments)
+            return result.text, result.ok
         except Exception as exc:  # noqa: BLE001 - ToolBox never raises; a fault all the same
-            text, ok = f"Error: {call.call.name} failed: {type(exc).__name__}: {exc}", False
-        if not ok:
-            call.record.tool_failed = True
-            call.record.error = text
-        call.response = text
+            return f"Error: {call.name} failed: {type(exc).__name__}: {exc}", False
 
     def _answer_calls(self, agent: _Agent, calls: list[_Call]) -> Decision:
         """After the tools ran: spawn workers for subagent calls, else answer in place."""

@@ -42,9 +42,10 @@ def tool_parameters(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 def parse_tool_call(text: str, tools: Sequence[Mapping[str, Any]]) -> ToolCall:
     """The one tool call in an assistant turn, checked against the tools in that role's prompt.
 
-    Raises MalformedToolCall(reason) when there is no call or more than one, a tag is unterminated,
-    the body is not a JSON object {"name": str, "arguments": object}, the tool is unknown, or the
-    arguments do not match its JSON schema. Think text is ignored.
+    Raises MalformedToolCall(reason), and nothing else, when there is no call or more than one, a
+    tag is unterminated, the body is not a JSON object {"name": str, "arguments": object} (JSON
+    nested too deeply, numbers over Python's digit limit and lone surrogates included), the tool
+    is unknown, or the arguments do not match its JSON schema. Think text is ignored.
     """
     body_text = strip_think(text)
     start = body_text.find(TOOL_CALL_OPEN)
@@ -56,10 +57,7 @@ def parse_tool_call(text: str, tools: Sequence[Mapping[str, Any]]) -> ToolCall:
     if TOOL_CALL_OPEN in body_text[end:]:
         raise MalformedToolCall("more than one tool call in one turn; make exactly one")
     raw = body_text[start + len(TOOL_CALL_OPEN) : end].strip()
-    try:
-        call = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise MalformedToolCall(f"tool call is not valid JSON: {e.msg} at position {e.pos}") from None
+    call = _load_json(raw)
     if not isinstance(call, dict):
         raise MalformedToolCall("tool call must be a JSON object with 'name' and 'arguments'")
     name, arguments = call.get("name"), call.get("arguments")
@@ -77,6 +75,29 @@ def parse_tool_call(text: str, tools: Sequence[Mapping[str, Any]]) -> ToolCall:
         raise MalformedToolCall(f"'arguments' of {name} must be a JSON object")
     check_arguments(name, arguments, tool_parameters(by_name[name]))
     return ToolCall(name, arguments)
+
+
+def _load_json(raw: str) -> Any:
+    """The call's JSON; every way it can fail is a MalformedToolCall (the model reads why)."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise MalformedToolCall(f"tool call is not valid JSON: {e.msg} at position {e.pos}") from None
+    except RecursionError:
+        raise MalformedToolCall("tool call JSON is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer over Python's digit limit
+        raise MalformedToolCall(f"tool call JSON has an unreadable value ({_first_line(e)})") from None
+    try:  # lone surrogates ("\ud800") parse but cannot be sent or stored as UTF-8
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedToolCall("tool call contains invalid Unicode (a lone surrogate escape)") from None
+    except (RecursionError, ValueError):
+        raise MalformedToolCall("tool call JSON is nested too deeply") from None
+    return value
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).split("\n", 1)[0].split(":", 1)[0][:100]
 
 
 _JSON_TYPES = {

@@ -10,7 +10,14 @@
     GET /health -> {"status": "ok", "num_docs": n}
 
 Ranking is BM25 (bm25s) over title + contents. A result's `link` is the document id, so the model
-can `open` exactly what it saw. Bad requests get a 4xx JSON body {"error": "..."}.
+can `open` exactly what it saw.
+
+Every error, ours or the HTTP layer's, is a JSON body {"error": "..."}. Bad requests are 4xx, so
+clients do not retry them: a POST without a valid Content-Length (411/400; chunked bodies are
+not read), a body over MAX_REQUEST_BYTES (413), text that is not valid UTF-8 or holds lone
+surrogates (400), more than MAX_QUERIES queries in one /retrieve or a query over
+MAX_QUERY_CHARS (400), a response that would exceed MAX_RESPONSE_BYTES (400: ask for less).
+A connection idle for `idle_timeout_s` (or a body not received within it) is closed.
 
     python -m matpo_jax.tools.search_server --corpus corpus.jsonl --port 8000
 """
@@ -31,7 +38,12 @@ import bm25s
 
 MAX_REQUEST_BYTES = 1 << 20
 MAX_RESULTS = 50
+MAX_QUERIES = 32  # per /retrieve request
+MAX_QUERY_CHARS = 2000
+MAX_RESPONSE_BYTES = 8 << 20
+IDLE_TIMEOUT_S = 30.0
 SNIPPET_CHARS = 240
+_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 class SearchCorpusError(ValueError):
@@ -120,15 +132,21 @@ def snippet(contents: str, query: str, max_chars: int = SNIPPET_CHARS) -> str:
 
 
 class BadRequest(Exception):
-    def __init__(self, status: HTTPStatus, message: str):
+    """close: the connection cannot carry another request (its body was not read)."""
+
+    def __init__(self, status: HTTPStatus, message: str, close: bool = False):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.close = status, message, close
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
     protocol_version = "HTTP/1.1"  # keep-alive: the clients reuse connections
     disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms ACK stalls
+
+    def setup(self):
+        self.timeout = self.server.idle_timeout_s  # every socket read/write; idle keep-alives end
+        super().setup()
 
     def do_GET(self):
         self._dispatch("GET")
@@ -138,6 +156,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):  # noqa: A002 - quiet; rollouts make many requests
         pass
+
+    def send_error(self, code, message=None, explain=None):
+        """The HTTP layer's own errors (bad request line, unsupported method, headers too long)
+        as JSON too."""
+        status = HTTPStatus(code)
+        if self.request_version == "HTTP/0.9":  # unparsable request line: answer with a status
+            self.request_version = "HTTP/1.1"
+        self.close_connection = True
+        self._send(status, {"error": message or status.phrase}, close=True)
 
     def _dispatch(self, method: str):
         if self.server.latency_s:
@@ -164,41 +191,81 @@ class _Handler(BaseHTTPRequestHandler):
                 )
             self._send(HTTPStatus.OK, handler(body))
         except BadRequest as e:
-            self._send(e.status, {"error": e.message})
+            self._send(e.status, {"error": e.message}, close=e.close)
+        except TimeoutError:
+            self.close_connection = True  # the body stalled; the client may be gone
+            self._send(HTTPStatus.REQUEST_TIMEOUT, {"error": "request body not received in time"},
+                       close=True)
         except Exception as e:  # noqa: BLE001 - answer 500 rather than drop the connection
-            self.close_connection = True
             message = f"internal error ({type(e).__name__})"
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": message})
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": message}, close=True)
 
     def _read_json(self) -> dict:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise BadRequest(HTTPStatus.BAD_REQUEST, "invalid Content-Length") from None
+        if self.headers.get("Transfer-Encoding"):
+            raise BadRequest(HTTPStatus.LENGTH_REQUIRED,
+                             "chunked request bodies are not accepted; send Content-Length",
+                             close=True)
+        lengths = self.headers.get_all("Content-Length") or []
+        if not lengths:
+            raise BadRequest(HTTPStatus.LENGTH_REQUIRED, "a POST needs a Content-Length",
+                             close=True)
+        if len(set(lengths)) != 1 or not _DIGITS.fullmatch(lengths[0].strip()):
+            # Negative, non-numeric or conflicting: the body's end is unknown; so is the next
+            # request's start.
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "invalid Content-Length", close=True)
+        length = int(lengths[0])
         if length > MAX_REQUEST_BYTES:
-            self.close_connection = True  # the unread body would corrupt the next request
             message = f"request body over {MAX_REQUEST_BYTES} bytes"
-            raise BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message)
-        raw = self.rfile.read(length) if length else b""
+            raise BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message, close=True)
+        raw = self._read_body(length)
         try:
             body = json.loads(raw or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, absurdly nested or long
             raise BadRequest(HTTPStatus.BAD_REQUEST, "request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "request body must be a JSON object")
         return body
 
-    def _send(self, status: HTTPStatus, payload: dict):
-        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    def _read_body(self, length: int) -> bytes:
+        """Exactly `length` bytes, all of them within the idle timeout (a client trickling its
+        body one byte at a time does not hold a thread for long)."""
+        deadline = time.monotonic() + self.server.idle_timeout_s
+        chunks, size = [], 0
+        while size < length:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("request body")
+            self.connection.settimeout(remaining)
+            chunk = self.rfile.read1(min(length - size, 64 * 1024))
+            if not chunk:
+                raise BadRequest(HTTPStatus.BAD_REQUEST, "request body shorter than its "
+                                 "Content-Length", close=True)
+            chunks.append(chunk)
+            size += len(chunk)
+        self.connection.settimeout(self.server.idle_timeout_s)
+        return b"".join(chunks)
+
+    def _send(self, status: HTTPStatus, payload: dict, close: bool = False):
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8", errors="replace")
+        if status == HTTPStatus.OK and len(data) > self.server.max_response_bytes:
+            status = HTTPStatus.BAD_REQUEST
+            payload = {"error": f"the response would be {len(data)} bytes, over the cap of "
+                                f"{self.server.max_response_bytes}: ask for fewer queries or "
+                                "results"}
+            data = json.dumps(payload).encode("utf-8")
+        if close:
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
     # ------------------------------------------------------------------ endpoints
     def _serper_search(self, body: dict) -> dict:
-        query = _field(body, "q", str)
+        query = _query(_field(body, "q", str), "q")
         num = _count(body, "num", default=10)
         hits = self.server.index.search(query, num)
         organic = [
@@ -211,6 +278,10 @@ class _Handler(BaseHTTPRequestHandler):
         queries = _field(body, "queries", list)
         if not all(isinstance(q, str) for q in queries):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "'queries' must be a list of strings")
+        if len(queries) > MAX_QUERIES:
+            raise BadRequest(HTTPStatus.BAD_REQUEST,
+                             f"at most {MAX_QUERIES} queries per request, got {len(queries)}")
+        queries = [_query(q, "queries") for q in queries]
         topk = _count(body, "topk", default=3)
         with_scores = body.get("return_scores", False)
         if not isinstance(with_scores, bool):
@@ -225,7 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
         return {"result": result}
 
     def _page(self, body: dict) -> dict:
-        doc_id = _field(body, "id", str)
+        doc_id = _text(_field(body, "id", str), "id")
         doc = self.server.index.by_id.get(doc_id)
         if doc is None:
             raise BadRequest(HTTPStatus.NOT_FOUND, f"no page with id {doc_id!r}")
@@ -244,6 +315,22 @@ def _field(body: dict, name: str, kind: type) -> Any:
     return value
 
 
+def _text(value: str, name: str) -> str:
+    """Text that can be answered: lone surrogates ("\\ud800" in JSON) cannot be UTF-8 encoded."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, f"field {name!r} is not valid Unicode") from None
+    return value
+
+
+def _query(value: str, name: str) -> str:
+    if len(value) > MAX_QUERY_CHARS:
+        raise BadRequest(HTTPStatus.BAD_REQUEST,
+                         f"field {name!r}: a query has at most {MAX_QUERY_CHARS} characters")
+    return _text(value, name)
+
+
 def _count(body: dict, name: str, default: int) -> int:
     value = body.get(name, default)
     if isinstance(value, str) and value.isdigit():  # query-string values arrive as text
@@ -259,24 +346,35 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # the default 5 drops SYNs under concurrent workers (1 s retransmit stalls)
 
-    def __init__(self, address, index: SearchIndex, latency_s: float = 0.0):
+    def __init__(self, address, index: SearchIndex, latency_s: float = 0.0,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES):
         super().__init__(address, _Handler)
         self.index = index
         self.latency_s = latency_s
+        self.idle_timeout_s = idle_timeout_s
+        self.max_response_bytes = max_response_bytes
 
 
 class SearchServer:
     """The service in a background thread: `with SearchServer(path) as s: requests.post(s.url + ...)`."""
 
     def __init__(self, corpus_path, port: int = 0, host: str = "127.0.0.1",
-                 latency_s: float = 0.0):
+                 latency_s: float = 0.0, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES):
         """latency_s: every request waits this long before it is answered, to stand in for a
-        remote search API (benchmarks of rollouts whose tools are slow)."""
+        remote search API (benchmarks of rollouts whose tools are slow). idle_timeout_s: a
+        connection with no complete request for this long is closed."""
         if latency_s < 0:
             raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
+        if not max_response_bytes > 0:
+            raise ValueError(f"max_response_bytes must be > 0, got {max_response_bytes}")
         self.index = SearchIndex(load_corpus(corpus_path))
         # port 0: the OS picks a free port
-        self._server = _Server((host, port), self.index, latency_s)
+        self._server = _Server((host, port), self.index, latency_s, idle_timeout_s,
+                               max_response_bytes)
         self.host, self.port = self._server.server_address[:2]
         self.url = f"http://{self.host}:{self.port}"
         self._thread: threading.Thread | None = None
@@ -312,8 +410,11 @@ def main(argv=None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--latency", type=float, default=0.0,
                         help="seconds every request waits before its answer (emulates a remote API)")
+    parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT_S,
+                        help="seconds an idle connection is kept open")
     args = parser.parse_args(argv)
-    server = SearchServer(args.corpus, port=args.port, host=args.host, latency_s=args.latency)
+    server = SearchServer(args.corpus, port=args.port, host=args.host, latency_s=args.latency,
+                          idle_timeout_s=args.idle_timeout)
     print(f"serving {len(server.index.docs)} documents at {server.url}", flush=True)
     try:
         server._server.serve_forever()

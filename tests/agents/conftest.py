@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from matpo_jax import tools
-from matpo_jax.agents.rollout import run_rollouts
+from matpo_jax.agents.rollout import EngineOptions, run_rollouts
 from matpo_jax.tools.search_server import SearchServer
 
 from rollout_scenarios import ADA, BASE, MALFORMED, PAIR, REPORT_MAX_CHARS, TURING
@@ -60,8 +60,11 @@ def rollout(policy, toolbox):
     """rollout(questions, toolbox=..., **config overrides) -> RolloutBatch."""
 
     def run(questions, toolbox=toolbox, **overrides):
-        cfg = dataclasses.replace(BASE, **overrides)
+        engine_only = {f.name for f in dataclasses.fields(EngineOptions)}
+        options = EngineOptions(**{k: v for k, v in overrides.items() if k in engine_only})
+        cfg = dataclasses.replace(BASE, **{k: v for k, v in overrides.items()
+                                           if k not in engine_only})
         return run_rollouts(policy.state, policy.graphdef, policy.chat, toolbox, questions, cfg,
-                            jax.random.key(0))
+                            jax.random.key(0), options)
 
     return run

@@ -246,6 +246,26 @@ def test_parse_tool_call_errors(text, reason):
     assert reason in info.value.reason
 
 
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ("[" * 1000 + "]" * 1000, "nested too deeply"),
+        ('{"a": ' * 100_000 + "1" + "}" * 100_000, "nested too deeply"),
+        ('{"name": "search", "arguments": {"query": "x", "num": ' + "9" * 5000 + "}}",
+         "unreadable value"),
+        ('{"name": "search", "arguments": {"query": "\\ud800 x"}}', "invalid Unicode"),
+        ('{"name": "search", "arguments": {"query": "x", "num": 1e999}}', "'num' must be integer"),
+        ('{"name": "search", "arguments": {"query": "x", "num": NaN}}', "'num' must be integer"),
+    ],
+    ids=["deep-list", "deep-object", "5000-digits", "lone-surrogate", "infinity", "nan"],
+)
+def test_hostile_json_is_a_malformed_call_not_a_crash(body, reason):
+    # Before: RecursionError / ValueError escaped and ended the rollout as "error".
+    with pytest.raises(MalformedToolCall) as info:
+        parse_tool_call(f"<tool_call>{body}</tool_call>", WORKER_TOOLS)
+    assert reason in info.value.reason and len(info.value.reason) < 200
+
+
 # ----------------------------------------------------------------------------- answers, think, prompts
 @pytest.mark.parametrize(
     "text, answer",
