@@ -113,8 +113,10 @@ class _TensorReader:
 def load_pretrained(path: str, dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
                     rules: Sequence | None = None,
                     param_dtype: str = "float32") -> Qwen3ForCausalLM:
-    """Loads a HF Qwen3 checkpoint directory. `dtype` is the compute dtype; parameters are stored in
-    `param_dtype`. With a mesh, each tensor goes straight to its partition-rule sharding."""
+    """Loads a HF Qwen3 checkpoint directory. `param_dtype` is the dtype the parameters are stored
+    in (each tensor is cast to it whatever its dtype in the file: a bfloat16 release loads as
+    float32 master weights, or stays bfloat16); `dtype` is the compute dtype of activations (and
+    of the KV cache). With a mesh, each tensor goes straight to its partition-rule sharding."""
     config = load_config(path, dtype=dtype, param_dtype=param_dtype)
     files = _tensor_files(path)
     reader = _TensorReader(files)

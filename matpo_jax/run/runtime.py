@@ -53,7 +53,8 @@ def make_toolbox(cfg, search_url: str) -> tools_lib.ToolBox:
 def build_model(cfg, mesh) -> Qwen3ForCausalLM:
     """A fresh tiny model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
     if cfg.model.hf_checkpoint:
-        return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh)
+        return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
+                               param_dtype=cfg.model.param_dtype)
     arch = dict(cfg.model.arch)
     config = Qwen3Config(**arch, dtype=cfg.model.dtype, param_dtype=cfg.model.param_dtype)
     model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(int(cfg.train.seed)))
