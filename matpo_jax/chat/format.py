@@ -89,7 +89,8 @@ class ChatFormat:
     @property
     def id_count(self) -> int:
         """Rows a model's embedding needs for this tokenizer: its largest id + 1."""
-        return max(self.tokenizer.get_vocab().values()) + 1
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {0: None}
+        return max(len(self.tokenizer), max(added) + 1)
 
     # ----------------------------------------------------------------- tokenisation primitives
     def encode(self, text: str) -> list[int]:

@@ -167,19 +167,28 @@ def _to_host(array: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(array))
 
 
-def save_pretrained(model: Qwen3ForCausalLM, path: str) -> None:
+def save_pretrained(model: Qwen3ForCausalLM, path: str, dtype: str | None = None) -> None:
     """Writes config.json + model.safetensors that transformers' Qwen3ForCausalLM loads.
-    Every process gathers the weights; only process 0 writes."""
+    Every process gathers the weights; only process 0 writes. `dtype`: the tensors' dtype on
+    disk (default: the parameters')."""
+    save_params(model.config, nnx.state(model, nnx.Param), path, dtype)
+
+
+def save_params(config: Qwen3Config, params, path: str, dtype: str | None = None) -> None:
+    """save_pretrained from a config and its parameter tree (nnx.State of the nnx.Param
+    variables), e.g. parameters restored from a training checkpoint without building the model."""
+    if dtype is not None:
+        config = config.replace(param_dtype=dtype)
     tensors = {}
-    for key_path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]:
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         param_path = parallel.path_to_str(key_path)
-        array = _to_host(leaf)
+        array = _to_host(leaf).astype(config.param_dtype, copy=False)
         tensors[hf_name(param_path)] = np.ascontiguousarray(
             array.T if _is_kernel(param_path) else array)
     if jax.process_index() != 0:
         return
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
-        json.dump(model.config.to_hf_dict(), f, indent=2)
+        json.dump(config.to_hf_dict(), f, indent=2)
     # transformers refuses safetensors files without a framework tag.
     save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})
