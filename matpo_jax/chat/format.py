@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, Mapping, Sequence
 
 from matpo_jax.chat.special_tokens import (ENDOFTEXT, IM_END, IM_START, TOOL_CALL_CLOSE,
@@ -54,7 +55,8 @@ class _Piece:
 
 
 class ChatFormat:
-    """Qwen3 chat rendering over a Hugging Face tokenizer, built from separately tokenised pieces."""
+    """Qwen3 chat rendering over a Hugging Face tokenizer (its special tokens, wherever their ids
+    are), from token-id pieces: each assistant turn, and the template text between them."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -76,8 +78,6 @@ class ChatFormat:
     def from_pretrained(cls, path) -> "ChatFormat":
         """Loads the tokenizer (and its special tokens) from a local Hugging Face directory, e.g. a
         Qwen3 checkpoint's; never downloads."""
-        import os
-
         from transformers import AutoTokenizer
 
         path = os.fspath(path)

@@ -103,3 +103,11 @@ def test_restore_params_reads_params_alone_from_either_checkpoint_layout(tmp_pat
         restore_params(str(tmp_path / "items"), target, step=4)
     with pytest.raises(ExportError, match="does not exist"):
         restore_params(str(tmp_path / "missing"), target)
+
+
+def test_export_errors_are_one_line(tmp_path, capsys):
+    assert export_cli.main(["export", f"--checkpoint={tmp_path}/checkpoints/rl",
+                            f"--out={tmp_path / 'out'}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no config.json in it or its parents" in err
+    assert export_cli.main(["export", f"--out={tmp_path / 'out'}"]) == 2  # --checkpoint missing
