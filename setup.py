@@ -37,7 +37,9 @@ setup(
         "tqdm>=4.66",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0"],
+        # nbclient + ipykernel: a test executes notebooks/ top to bottom in a real kernel.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "nbclient>=0.10",
+                 "nbformat>=5.10", "ipykernel>=6.29"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
     },
 )

@@ -2,13 +2,19 @@
 
 Token-in, token-out: a rollout's context is built from token-id pieces (the prompt, the ids the
 policy sampled, then fixed non-trainable blocks such as tool responses) and never re-tokenised.
-`render()` builds a whole conversation from the same pieces, tokenising each piece on its own, so
-(a) its trainable mask is exact (assistant content + its closing `<|im_end|>`), and (b) rendering a
-message list gives exactly the ids a rollout assembles incrementally:
+`render()` builds a whole conversation from the same pieces, so (a) its trainable mask is exact
+(assistant content + its closing `<|im_end|>`), and (b) rendering a message list gives exactly the
+ids a rollout assembles incrementally:
 
     render(msgs + [assistant_1, tool_1, assistant_2]) ==
         prompt_ids(msgs) + encode(assistant_1) + [im_end] + tool_response_ids(tool_1)
         + encode(assistant_2) + [im_end] + turn_end_ids()
+
+Each assistant content is tokenised on its own; every run of template text between two of them
+(turn ends, headers, user turns, tool responses) is tokenised as ONE string, as the checkpoint's own
+chat template would tokenise it. So with Qwen3's tokenizer `render` equals
+`tokenizer.apply_chat_template(..., tools=...)` id for id wherever the template keeps the history
+as written (BPE merges such as "." + "\n" inside a tool response come out the same).
 
 Text layout (Qwen3's documented format):
     <|im_start|>system\n{role text}\n\n# Tools ... <tools>\n{schema}\n...</tools> ...<|im_end|>\n
@@ -16,13 +22,17 @@ Text layout (Qwen3's documented format):
     <|im_start|>assistant\n{content}<|im_end|>\n
     <|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n
     <|im_start|>assistant\n                                   <- generation prompt
-Assistant content is kept verbatim (think text included): unlike Qwen3's own template we never
-rewrite history, because a rollout's history is exactly what the model saw when it sampled.
+Assistant content is kept verbatim (think text included). Qwen3's own template rewrites history:
+it drops the `<think>` block of assistant turns before the latest user query and re-spaces the
+think block of later ones. We deliberately do not: a rollout's history is exactly the ids the
+model saw when it sampled its next turn, and training on a re-rendered history would train on
+contexts the policy never had (a known source of train/inference drift).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, Mapping, Sequence
 
 from matpo_jax.chat.special_tokens import (ENDOFTEXT, IM_END, IM_START, TOOL_CALL_CLOSE,
@@ -31,6 +41,7 @@ from matpo_jax.chat.special_tokens import (ENDOFTEXT, IM_END, IM_START, TOOL_CAL
 from matpo_jax.chat.template import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
 
 _ROLES = ("system", "user", "assistant", "tool")
+TOKENIZER_FILE = "tokenizer.json"
 
 
 class ChatFormatError(ValueError):
@@ -44,7 +55,8 @@ class _Piece:
 
 
 class ChatFormat:
-    """Qwen3 chat rendering over a Hugging Face tokenizer, built from separately tokenised pieces."""
+    """Qwen3 chat rendering over a Hugging Face tokenizer (its special tokens, wherever their ids
+    are), from token-id pieces: each assistant turn, and the template text between them."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -64,10 +76,21 @@ class ChatFormat:
 
     @classmethod
     def from_pretrained(cls, path) -> "ChatFormat":
-        """Loads the tokenizer from a local directory (never downloads)."""
+        """Loads the tokenizer (and its special tokens) from a local Hugging Face directory, e.g. a
+        Qwen3 checkpoint's; never downloads."""
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+        path = os.fspath(path)
+        if not os.path.isfile(os.path.join(path, TOKENIZER_FILE)):
+            raise ChatFormatError(f"{path}: no {TOKENIZER_FILE}; expected a Hugging Face tokenizer "
+                                  f"directory (e.g. a Qwen3 checkpoint's)")
+        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
+
+    @property
+    def id_count(self) -> int:
+        """Rows a model's embedding needs for this tokenizer: its largest id + 1."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {0: None}
+        return max(len(self.tokenizer), max(added) + 1)
 
     # ----------------------------------------------------------------- tokenisation primitives
     def encode(self, text: str) -> list[int]:
@@ -120,7 +143,7 @@ class ChatFormat:
         """
         ids: list[int] = []
         trainable: list[bool] = []
-        for piece in self._pieces(messages, add_generation_prompt, tools):
+        for piece in _runs(self._pieces(messages, add_generation_prompt, tools)):
             piece_ids = self._piece_ids(piece)
             ids.extend(piece_ids)
             trainable.extend([piece.trainable] * len(piece_ids))
@@ -149,18 +172,21 @@ class ChatFormat:
         """Non-trainable block after a sampled tool-call turn: end of that turn, a user turn with one
         `<tool_response>` per result, and the next assistant header."""
         texts = [text] if isinstance(text, str) else list(text)
-        block = self._ids_of(self._tool_block(texts))
-        return self.turn_end_ids(closed) + block + self.assistant_header_ids()
+        return self._continuation(self._tool_block(texts), closed)
 
     def user_turn_ids(self, text: str, closed: bool = True) -> list[int]:
         """Non-trainable block after a sampled turn: end of that turn, a user turn (e.g. the
         final-summary instruction), and the next assistant header."""
-        turn = self._ids_of(self._plain_turn("user", text))
-        return self.turn_end_ids(closed) + turn + self.assistant_header_ids()
+        return self._continuation(self._plain_turn("user", text), closed)
+
+    def _continuation(self, turn: Sequence[_Piece], closed: bool) -> list[int]:
+        # One run of text, tokenised as render() tokenises it: "\n" + turn + assistant header.
+        pieces = [_Piece("\n"), *turn, _Piece(IM_START + "assistant\n")]
+        return ([] if closed else [self.im_end_id]) + self._ids_of(pieces)
 
     # ----------------------------------------------------------------- internals
     def _ids_of(self, pieces: Sequence[_Piece]) -> list[int]:
-        return [i for piece in pieces for i in self._piece_ids(piece)]
+        return [i for piece in _runs(pieces) for i in self._piece_ids(piece)]
 
     def _pieces(self, messages, add_generation_prompt, tools) -> list[_Piece]:
         messages = [_check_message(i, m) for i, m in enumerate(messages)]
@@ -209,6 +235,17 @@ class ChatFormat:
                 _Piece(f"\n{TOOL_RESPONSE_CLOSE}"),
             ]
         return pieces + [_Piece(IM_END), _Piece("\n")]
+
+
+def _runs(pieces: Sequence[_Piece]) -> list[_Piece]:
+    """Adjacent non-trainable pieces joined into one (tokenised together); trainable ones kept."""
+    out: list[_Piece] = []
+    for piece in pieces:
+        if out and not piece.trainable and not out[-1].trainable:
+            out[-1] = _Piece(out[-1].text + piece.text)
+        else:
+            out.append(piece)
+    return out
 
 
 _TEMPLATE_PIECES = frozenset(

@@ -1,7 +1,10 @@
 """The Qwen3-style chat template as Jinja (what `ChatFormat.render` produces, as text).
 
 Attached to the tokenizers we train, and used by tests to check `render` against
-`tokenizer.apply_chat_template`.
+`tokenizer.apply_chat_template`. It is Qwen3's layout without Qwen3's history rewriting (earlier
+turns' <think> blocks are kept as written), so a model trained here and exported with its tokenizer
+is prompted by `apply_chat_template` exactly as it was trained. A Qwen3 checkpoint brings its own
+template (tokenizer_config.json), which is shipped unchanged.
 """
 from __future__ import annotations
 

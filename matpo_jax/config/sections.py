@@ -186,12 +186,24 @@ class ToolsSection(Section):
                                   "serper / retrieval: a remote service at search_url",
                                   choices=("local", "serper", "retrieval"))
     search_url: str | None = setting(None, "serper / retrieval endpoint; local: started by us")
-    page_url: str | None = setting(None, "page reader endpoint; None: search_url's service")
+    page_url: str | None = setting(None, "page service endpoint (ids of the local corpus); None: "
+                                   "search_url's service")
+    page_backend: str = setting("service", "how `open` reads a page: service (page_url, offline "
+                                "worlds), fetch (the URL, main text by trafilatura), reader "
+                                "(a Jina-style reader at reader_url), serper_scrape",
+                                choices=("service", "fetch", "reader", "serper_scrape"))
+    reader_url: str | None = setting(None, "reader service of page_backend reader / serper_scrape")
+    reader_key_env: str | None = setting(None, "env var holding the reader's key (serper_scrape: "
+                                         "api_key_env)")
+    cache_dir: str | None = setting(None, "disk cache of tool results (reruns and resumes never "
+                                    "pay twice); None: no cache")
     api_key_env: str = setting("SERPER_API_KEY", "env var holding the serper API key (never the "
                                "key itself)")
     num_results: int = setting(5, "search hits per call when the model does not ask for a number",
                                range=AT_LEAST_ONE)
     timeout_s: float = setting(30.0, "per socket read of a tool call", range=POSITIVE)
+    deadline_s: float = setting(60.0, "a whole tool call: every attempt, redirect and byte",
+                                range=POSITIVE)
     retries: int = setting(2, "extra attempts after the first", range=NON_NEGATIVE)
     max_response_chars: int = setting(2000, "tool output is cut here before entering the context",
                                       range=AT_LEAST_ONE)

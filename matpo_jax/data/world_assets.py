@@ -1,10 +1,13 @@
 """Everything the embedded default needs on disk, built once per world and reused.
 
     assets = prepare_world(cfg, data_dir)   # TFDS dataset + corpus JSONL + tokenizer
-    assets.chat                                  # ChatFormat over the world's own tokenizer
+    assets.chat                                  # ChatFormat over the run's tokenizer
 
-The world, its tokenizer and its dataset are pure functions of the world config, so they live in a
-directory named after that config and are shared by every run (SFT, MATPO, single-agent, seeds).
+The tokenizer (with its special tokens and chat template) is the checkpoint's when the config names
+one (`model.tokenizer`, else `model.hf_checkpoint`); otherwise a small BPE tokenizer is trained on
+the world's text. The world, its trained tokenizer and its dataset are pure functions of the world
+config, so they live in a directory named after that config and are shared by every run (SFT,
+MATPO, single-agent, seeds).
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA, SUBAGENT_SCHEMA
 from matpo_jax.config import ConfigError
 from matpo_jax.data import synthetic_multihop, synthetic_world
 from matpo_jax.data.oracle import LocalCorpusTools, Oracle
-from matpo_jax.chat import ChatFormat
+from matpo_jax.chat import ChatFormat, ChatFormatError
 from matpo_jax.chat.tokenizer_training import train_tokenizer
+from matpo_jax.model.hf_io import CheckpointFormatError, load_config
 
 TOKENIZER_DIRNAME = "tokenizer"
 # Demonstrations whose text the tokenizer is trained on (besides the corpus): enough to learn the
@@ -111,13 +115,64 @@ def _check_dataset_names(cfg) -> None:
 
 def _prepare_world(cfg, data_dir: str) -> WorldAssets:
     config = world_config(cfg)
-    vocab_size = int(cfg.model.arch.vocab_size)
+    checkpoint_tokenizer = _checkpoint_tokenizer(cfg) if configured_tokenizer(cfg) else None
     builder = synthetic_multihop.prepare_dataset(config, data_dir)
     corpus = synthetic_multihop.corpus_path(builder)
-    tokenizer_dir = os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{vocab_size}")
-    if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
-        tmp = tokenizer_dir + ".tmp"
-        train_tokenizer(_tokenizer_texts(builder, corpus), vocab_size, tmp)
-        os.replace(tmp, tokenizer_dir)  # atomic: a crash never leaves a half-written tokenizer
+    if checkpoint_tokenizer:  # checked before any work
+        tokenizer_dir, chat = checkpoint_tokenizer
+    else:
+        tokenizer_dir = _trained_tokenizer_dir(builder, cfg)
+        if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
+            tmp = tokenizer_dir + ".tmp"
+            train_tokenizer(_tokenizer_texts(builder, corpus), int(cfg.model.arch.vocab_size), tmp)
+            os.replace(tmp, tokenizer_dir)  # atomic: a crash never leaves a half-written tokenizer
+        chat = ChatFormat.from_pretrained(tokenizer_dir)
     return WorldAssets(config=config, data_dir=data_dir, builder=builder, corpus_path=corpus,
-                       tokenizer_dir=tokenizer_dir, chat=ChatFormat.from_pretrained(tokenizer_dir))
+                       tokenizer_dir=tokenizer_dir, chat=chat)
+
+
+# ----------------------------------------------------------------------------- tokenizer choice
+def configured_tokenizer(cfg) -> tuple[str, str] | None:
+    """(field, directory) of the Hugging Face tokenizer the config names: `model.tokenizer`, else
+    the checkpoint's own (`model.hf_checkpoint`); None when the world's tokenizer is trained."""
+    for field in ("tokenizer", "hf_checkpoint"):
+        value = getattr(cfg.model, field, None)
+        if value:
+            return f"model.{field}", str(value)
+    return None
+
+
+def tokenizer_dir(cfg, data_dir: str) -> str:
+    """Where a run's tokenizer lives (without building anything): the configured directory, or
+    the world's trained tokenizer under `data_dir`."""
+    configured = configured_tokenizer(cfg)
+    if configured:
+        return configured[1]
+    builder = synthetic_multihop.SyntheticMultihop(config=world_config(cfg), data_dir=data_dir,
+                                                   file_format=synthetic_multihop.FILE_FORMAT)
+    return _trained_tokenizer_dir(builder, cfg)
+
+
+def _trained_tokenizer_dir(builder, cfg) -> str:
+    return os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{int(cfg.model.arch.vocab_size)}")
+
+
+def _checkpoint_tokenizer(cfg) -> tuple[str, ChatFormat]:
+    """The configured tokenizer, checked against the model's vocabulary (one line on error)."""
+    field, path = configured_tokenizer(cfg)
+    try:
+        chat = ChatFormat.from_pretrained(path)
+    except ChatFormatError as err:
+        raise ConfigError(f"{field} = {path!r}: {err}") from None
+    if cfg.model.hf_checkpoint:
+        try:
+            rows, rows_field = load_config(cfg.model.hf_checkpoint).vocab_size, \
+                f"vocab_size in {os.path.join(cfg.model.hf_checkpoint, 'config.json')}"
+        except CheckpointFormatError as err:
+            raise ConfigError(f"model.hf_checkpoint: {err}") from None
+    else:
+        rows, rows_field = int(cfg.model.arch.vocab_size), "model.arch.vocab_size"
+    if chat.id_count > rows:
+        raise ConfigError(f"{rows_field} = {rows}: the tokenizer in {path} ({field}) uses ids up to "
+                          f"{chat.id_count - 1}; the model needs at least {chat.id_count} rows")
+    return path, chat

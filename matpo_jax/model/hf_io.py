@@ -113,8 +113,10 @@ class _TensorReader:
 def load_pretrained(path: str, dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
                     rules: Sequence | None = None,
                     param_dtype: str = "float32") -> Qwen3ForCausalLM:
-    """Loads a HF Qwen3 checkpoint directory. `dtype` is the compute dtype; parameters are stored in
-    `param_dtype`. With a mesh, each tensor goes straight to its partition-rule sharding."""
+    """Loads a HF Qwen3 checkpoint directory. `param_dtype` is the dtype the parameters are stored
+    in (each tensor is cast to it whatever its dtype in the file: a bfloat16 release loads as
+    float32 master weights, or stays bfloat16); `dtype` is the compute dtype of activations (and
+    of the KV cache). With a mesh, each tensor goes straight to its partition-rule sharding."""
     config = load_config(path, dtype=dtype, param_dtype=param_dtype)
     files = _tensor_files(path)
     reader = _TensorReader(files)
@@ -165,19 +167,28 @@ def _to_host(array: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(array))
 
 
-def save_pretrained(model: Qwen3ForCausalLM, path: str) -> None:
+def save_pretrained(model: Qwen3ForCausalLM, path: str, dtype: str | None = None) -> None:
     """Writes config.json + model.safetensors that transformers' Qwen3ForCausalLM loads.
-    Every process gathers the weights; only process 0 writes."""
+    Every process gathers the weights; only process 0 writes. `dtype`: the tensors' dtype on
+    disk (default: the parameters')."""
+    save_params(model.config, nnx.state(model, nnx.Param), path, dtype)
+
+
+def save_params(config: Qwen3Config, params, path: str, dtype: str | None = None) -> None:
+    """save_pretrained from a config and its parameter tree (nnx.State of the nnx.Param
+    variables), e.g. parameters restored from a training checkpoint without building the model."""
+    if dtype is not None:
+        config = config.replace(param_dtype=dtype)
     tensors = {}
-    for key_path, leaf in jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]:
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         param_path = parallel.path_to_str(key_path)
-        array = _to_host(leaf)
+        array = _to_host(leaf).astype(config.param_dtype, copy=False)
         tensors[hf_name(param_path)] = np.ascontiguousarray(
             array.T if _is_kernel(param_path) else array)
     if jax.process_index() != 0:
         return
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, CONFIG_FILE), "w") as f:
-        json.dump(model.config.to_hf_dict(), f, indent=2)
+        json.dump(config.to_hf_dict(), f, indent=2)
     # transformers refuses safetensors files without a framework tag.
     save_file(tensors, os.path.join(path, WEIGHTS_FILE), metadata={"format": "pt"})

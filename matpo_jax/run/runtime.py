@@ -61,7 +61,8 @@ def model_config(model: ModelSection) -> Qwen3Config:
 def build_model(cfg: ExperimentConfig, mesh) -> Qwen3ForCausalLM:
     """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
     if cfg.model.hf_checkpoint:
-        return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh)
+        return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
+                               param_dtype=cfg.model.param_dtype)
     model = Qwen3ForCausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
     return parallel.shard_model(model, mesh)
 
@@ -82,17 +83,16 @@ class CappedTool:
 def make_toolbox(tools: ToolsSection, local_url: str) -> tools_lib.ToolBox:
     """Worker tools from the tools section: our local server (Serper protocol, at `local_url`)
     or a remote service."""
-    policy = tools_lib.HttpPolicy(read_timeout_s=tools.timeout_s, max_retries=tools.retries,
-                                  max_chars=tools.max_response_chars)
+    policy = tools_lib.HttpPolicy(read_timeout_s=tools.timeout_s, deadline_s=tools.deadline_s,
+                                  max_retries=tools.retries, max_chars=tools.max_response_chars)
     search_url = tools.search_url or local_url
-    if tools.search_backend == "retrieval":
-        protocol, search_kwargs = "retrieval", dict(default_num=tools.num_results)
-    else:  # serper, and our local server, which speaks its protocol
-        protocol = "serper"
-        search_kwargs = dict(default_num=tools.num_results, api_key_env=tools.api_key_env)
-    box = tools_lib.worker_toolbox(search_url, protocol=protocol,
-                                   page_url=tools.page_url or search_url, policy=policy,
-                                   **search_kwargs)
+    protocol = "retrieval" if tools.search_backend == "retrieval" else "serper"  # local: serper
+    box = tools_lib.worker_toolbox(
+        search_url, protocol=protocol, page_url=tools.page_url or local_url, policy=policy,
+        page_backend=tools.page_backend, reader_url=tools.reader_url,
+        api_key_env=tools.api_key_env, reader_key_env=tools.reader_key_env,
+        num_results=tools.num_results, cache_dir=tools.cache_dir,
+        allowed_urls=[url for url in (local_url,) if url])
     capped = {name: CappedTool(client, tools.max_response_chars)
               for name, client in box.clients.items()}
     return tools_lib.ToolBox(capped, box.schemas, box.metrics)

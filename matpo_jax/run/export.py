@@ -1,0 +1,189 @@
+"""A run's training checkpoint -> a Hugging Face directory that transformers loads and generates from.
+
+    export_checkpoint("<workdir>/checkpoints/rl", "out/")         # newest step
+    -> out/config.json, model.safetensors, generation_config.json, tokenizer.json,
+       tokenizer_config.json (+ chat template file when the tokenizer has one)
+
+The architecture and the tokenizer come from the run's own record, <workdir>/config.json: the
+Hugging Face checkpoint the run started from (`model.hf_checkpoint`; its tokenizer, or
+`model.tokenizer`), or the tiny `model.arch` and the tokenizer trained on the synthetic world. Only
+the parameters are read from the training checkpoint (`restore_params`), never the optimizer state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+from flax import nnx
+
+from matpo_jax.chat import ChatFormat
+from matpo_jax.data import world_assets
+from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model.hf_io import load_config, save_params
+
+RUN_CONFIG_FILE = "config.json"
+# Tokenizer files a Hugging Face directory may hold (copied as they are: the checkpoint's own
+# layout, chat template included, stays intact).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja", "chat_template.json", "vocab.json",
+                   "merges.txt")
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+class ExportError(ValueError):
+    """A checkpoint or run directory we cannot export (names the path or field)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    out: str
+    step: int
+    config: Qwen3Config
+    tokenizer_dir: str
+
+
+class MissingField(ExportError, AttributeError):
+    """A field the run's config.json does not have (an AttributeError, so getattr defaults work)."""
+
+
+class _Fields:
+    """Attribute access to the run's saved config (a JSON dict), as the library reads configs."""
+
+    def __init__(self, values: dict, prefix: str = ""):
+        self._values, self._prefix = values, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._values:
+            raise MissingField(f"run config has no field {self._prefix}{name}")
+        value = self._values[name]
+        return _Fields(value, f"{self._prefix}{name}.") if isinstance(value, dict) else value
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def keys(self):
+        return self._values.keys()
+
+    def __getitem__(self, name):
+        return self._values[name]
+
+
+def find_run_dir(checkpoint_dir: str) -> str:
+    """The run's workdir: the nearest directory above `checkpoint_dir` (itself included) holding
+    config.json (<workdir>/checkpoints/rl -> <workdir>)."""
+    path = os.path.abspath(checkpoint_dir)
+    for _ in range(4):
+        if os.path.isfile(os.path.join(path, RUN_CONFIG_FILE)):
+            return path
+        path = os.path.dirname(path)
+    raise ExportError(f"{checkpoint_dir}: no {RUN_CONFIG_FILE} in it or its parents; expected a "
+                      f"run's checkpoint directory such as <workdir>/checkpoints/rl")
+
+
+def load_run_config(workdir: str) -> _Fields:
+    path = os.path.join(workdir, RUN_CONFIG_FILE)
+    try:
+        with open(path) as f:
+            return _Fields(json.load(f))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ExportError(f"{path}: cannot read the run's config ({err})") from None
+
+
+def model_config(run_cfg) -> Qwen3Config:
+    """The architecture the run trained: its Hugging Face checkpoint's, else model.arch."""
+    model = run_cfg.model
+    if model.hf_checkpoint:
+        return load_config(model.hf_checkpoint, dtype=model.dtype, param_dtype=model.param_dtype)
+    return Qwen3Config(**dict(model.arch), dtype=model.dtype, param_dtype=model.param_dtype)
+
+
+def restore_params(directory: str, abstract_params, step: int | None = None):
+    """(step, parameters) of a training checkpoint, nothing else read from it.
+
+    Works on both layouts a step directory may have: a `params` item (the parameter tree), or an
+    item holding the whole train state with a `params` field (restored partially, by name).
+    `abstract_params`: ShapeDtypeStructs (with shardings) of the nnx.Param state."""
+    import orbax.checkpoint as ocp
+
+    directory = os.path.abspath(directory)
+    if not os.path.isdir(directory):
+        raise ExportError(f"checkpoint directory {directory} does not exist")
+    steps = ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(read_only=True)).all_steps()
+    if not steps:
+        raise ExportError(f"{directory}: no finished checkpoint step")
+    step = max(steps) if step is None else int(step)
+    if step not in steps:
+        raise ExportError(f"{directory}: no step {step} (steps: {sorted(steps)})")
+    step_dir = os.path.join(directory, str(step))
+    items = sorted(n for n in os.listdir(step_dir)
+                   if os.path.isdir(os.path.join(step_dir, n)) and not n.startswith("_"))
+    checkpointer = ocp.PyTreeCheckpointer()
+    restore_args = ocp.checkpoint_utils.construct_restore_args
+    if "params" in items:
+        params = checkpointer.restore(os.path.join(step_dir, "params"), args=ocp.args.PyTreeRestore(
+            item=abstract_params, restore_args=restore_args(abstract_params)))
+        return step, params
+    for item in items:
+        try:
+            tree = checkpointer.metadata(os.path.join(step_dir, item)).item_metadata.tree
+        except Exception:  # noqa: BLE001  (not a pytree item, e.g. JSON metadata)
+            continue
+        if isinstance(tree, dict) and "params" in tree:
+            target = {"params": abstract_params}
+            restored = checkpointer.restore(os.path.join(step_dir, item), args=ocp.args.PyTreeRestore(
+                item=target, restore_args=restore_args(target), partial_restore=True))
+            return step, restored["params"]
+    raise ExportError(f"{step_dir}: no 'params' item and no item with a 'params' field "
+                      f"(items: {', '.join(items) or 'none'})")
+
+
+def abstract_params(config: Qwen3Config, device: jax.Device | None = None):
+    """ShapeDtypeStructs of the model's nnx.Param state, placed on one (host) device."""
+    device = device or jax.devices("cpu")[0]
+    model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                        nnx.state(model, nnx.Param))
+
+
+def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
+                      tokenizer: str | None = None, dtype: str | None = None) -> Exported:
+    """Writes the parameters of `checkpoint` (newest step, or `step`) as a Hugging Face directory
+    `out`, with the run's tokenizer (or `tokenizer`) and a generation config. `dtype`: the dtype of
+    the saved weights (default: the run's model.param_dtype)."""
+    workdir = find_run_dir(checkpoint)
+    run_cfg = load_run_config(workdir)
+    config = model_config(run_cfg)
+    data_dir = run_cfg.data.data_dir or os.path.join(workdir, "tfds")
+    tokenizer_dir = tokenizer or world_assets.tokenizer_dir(run_cfg, data_dir)
+    chat = ChatFormat.from_pretrained(tokenizer_dir)  # fails early, naming the directory
+    if chat.id_count > config.vocab_size:
+        raise ExportError(f"tokenizer {tokenizer_dir} uses ids up to {chat.id_count - 1}, beyond "
+                          f"the model's vocab_size {config.vocab_size}")
+    step, params = restore_params(checkpoint, abstract_params(config), step)
+    save_params(config, params, out, dtype)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out, name))
+    _write_generation_config(run_cfg, chat, out)
+    return Exported(out=out, step=step, config=config, tokenizer_dir=tokenizer_dir)
+
+
+def _write_generation_config(run_cfg, chat: ChatFormat, out: str) -> None:
+    """The starting checkpoint's generation config when it has one; else greedy-neutral defaults
+    that stop where our sampler stops (<|im_end|>, <|endoftext|>)."""
+    source = run_cfg.model.hf_checkpoint
+    if source and os.path.isfile(os.path.join(source, GENERATION_CONFIG_FILE)):
+        shutil.copyfile(os.path.join(source, GENERATION_CONFIG_FILE),
+                        os.path.join(out, GENERATION_CONFIG_FILE))
+        return
+    with open(os.path.join(out, GENERATION_CONFIG_FILE), "w") as f:
+        json.dump({"eos_token_id": list(chat.stop_ids), "pad_token_id": chat.pad_id,
+                   "bos_token_id": None}, f, indent=2)
