@@ -157,9 +157,10 @@ class _Call:
 
 @dataclasses.dataclass
 class _ToolJobs:
-    """search/open calls running in the pool for one agent (or one host call)."""
+    """The calls of one agent's turn (or of one host call), and those running in the pool."""
 
-    calls: list[_Call]
+    calls: list[_Call]  # all of them (malformed ones already answered)
+    running: list[_Call]  # the search/open calls, one future each
     futures: list[concurrent.futures.Future]
     deadline: float  # time.monotonic() past which the engine stops waiting for them
 
@@ -245,9 +246,8 @@ class _Engine:
         decisions: dict[int, Decision] = {}
         if self.cfg.async_tools:
             for seq_id, plan in plans.items():
-                jobs = _tool_jobs(plan) if isinstance(plan, list) else []
-                if jobs:
-                    self._in_flight[seq_id] = self._submit(jobs)
+                if isinstance(plan, list) and _tool_jobs(plan):
+                    self._in_flight[seq_id] = self._submit(plan)
                     decisions[seq_id] = PARK
         else:
             self._run_tools([call for plan in plans.values() if isinstance(plan, list)
@@ -342,18 +342,19 @@ class _Engine:
     def _run_tools(self, calls: list[_Call]) -> None:
         """Runs every pending search/open call of this host call concurrently, waiting at most
         `tool_timeout_s` for them."""
-        jobs = self._submit(_tool_jobs(calls))
+        jobs = self._submit(calls)
         concurrent.futures.wait(jobs.futures, timeout=max(0.0, jobs.deadline - time.monotonic()))
         self._collect(jobs)
 
     def _submit(self, calls: list[_Call]) -> _ToolJobs:
-        futures = [self.pool.submit(self._run_tool, c.call) for c in calls]
-        return _ToolJobs(calls, futures, time.monotonic() + self.options.tool_timeout_s)
+        running = _tool_jobs(calls)
+        futures = [self.pool.submit(self._run_tool, c.call) for c in running]
+        return _ToolJobs(calls, running, futures, time.monotonic() + self.options.tool_timeout_s)
 
     def _collect(self, jobs: _ToolJobs) -> None:
         """Answers each call with its result, or with an error text if it is still running (the
         engine's thread writes every answer: a late result cannot change a trajectory)."""
-        for call, future in zip(jobs.calls, jobs.futures):
+        for call, future in zip(jobs.running, jobs.futures):
             if future.done():
                 text, ok = future.result()
             else:
