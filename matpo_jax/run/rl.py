@@ -75,6 +75,14 @@ def rl_question_source(rt: Runtime):
     return loader_lib.SubsetSource(train, rest)
 
 
+def question_loader(rt: Runtime):
+    """The RL question stream: batches of data.batch_size from data.split (shuffled by
+    data.shuffle_seed; its position is checkpointed with the train state)."""
+    cfg = rt.cfg
+    return loader_lib.make_loader(cfg.data.split, cfg.data.batch_size, cfg.data.shuffle_seed,
+                                  source=rl_question_source(rt))
+
+
 def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWriter,
            evaluate_fn=None):
     """Trains `cfg.train.steps` RL steps from `params` (or the newest RL checkpoint)."""
@@ -83,9 +91,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
     loop = loop_lib.TrainLoop(loop_config(cfg, "rl", rt.path("checkpoints", "rl")),
                               nnx.merge(graphdef, params, frozen), optimizer_config(cfg, "rl"),
                               scfg, rt.mesh)
-    loader = loader_lib.make_loader(cfg.data.split, cfg.data.batch_size, cfg.data.shuffle_seed,
-                                    source=rl_question_source(rt))
-    steps = _RLSteps(rt, loop, iter(loader), scfg, evaluate_fn)
+    steps = _RLSteps(rt, loop, iter(question_loader(rt)), scfg, evaluate_fn)
     # Which questions each step trained on: a resumed run must consume the same stream.
     with open(rt.path(CONSUMED_FILE), "a", encoding="utf-8") as steps.consumed:
         return loop.run(steps, writer=writer, data=steps.questions, after_step=steps.after_step)

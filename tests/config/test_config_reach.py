@@ -14,6 +14,7 @@ import inspect
 import os
 import re
 import tempfile
+import types
 from pathlib import Path
 from unittest import mock
 
@@ -23,6 +24,7 @@ from matpo_jax.config import (RolloutSection, apply_overrides, base_config,
                               schema, to_typed)
 from matpo_jax.data import world_assets
 from matpo_jax.run import evaluation, experiment, runtime
+from matpo_jax.run import rl as rl_phase
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,6 +109,35 @@ def tokenizer_source(cfg):
     return world_assets.configured_tokenizer(cfg)
 
 
+def rl_questions(cfg):
+    """The RL question stream (run/rl.py question_loader): split, batch size, seed, which
+    questions (SFT-demonstrated ones left out with data.rl_skips_demonstrated)."""
+    sources = {split: list(range(400)) for split in ("train", "validation", "test", "sft")}
+    made = []
+    rt = types.SimpleNamespace(cfg=cfg, assets=types.SimpleNamespace(config=None, data_dir=None))
+    with mock.patch.object(rl_phase.loader_lib, "open_source", lambda *a, **k: sources), \
+            mock.patch.object(rl_phase.loader_lib, "SubsetSource",
+                              lambda source, indices: ("subset", tuple(indices))), \
+            mock.patch.object(rl_phase.loader_lib, "make_loader",
+                              lambda split, batch_size, seed, source: made.append(
+                                  (split, batch_size, seed, source))):
+        rl_phase.question_loader(rt)
+    return made
+
+
+def rl_batches(cfg):
+    """What rl/batch.matpo_batch receives from the RL phase (packing and advantage settings)."""
+    calls = []
+    rt = types.SimpleNamespace(cfg=cfg, judge=None)
+    with mock.patch.object(rl_phase.rewards_lib, "rollout_rewards", lambda *a, **k: {}), \
+            mock.patch.object(rl_phase.rewards_lib, "reward_metrics", lambda b: {}), \
+            mock.patch.object(rl_phase.batch_lib, "matpo_batch",
+                              lambda *a, **kw: calls.append(kw) or types.SimpleNamespace(
+                                  batch=None, metrics={})):
+        rl_phase.rl_batch(rt, [], [], [], "loss-config", 1)
+    return calls
+
+
 def training_loops(cfg):
     """What the one training loop (trainer/loop.py) receives in each phase."""
     return tuple(runtime.loop_config(cfg, phase, "/runs/x/checkpoints")
@@ -150,12 +181,12 @@ REACH: dict[str, Reach] = {
     "mesh.fsdp": Reach(mesh_shape, 2, {"mesh.data": -1, "mesh.fsdp": 1}),
     "mesh.tensor": Reach(mesh_shape, 2),
     "data.name": Reach(pending(DATASETS, "data")),
-    "data.split": Reach(pending(LOOP, "data"), "test"),
+    "data.split": Reach(rl_questions, "test"),
     "data.data_dir": Reach(data_dir, "/data/tfds"),
     "data.manual_dir": Reach(pending(DATASETS, "data"), "/data/manual"),
-    "data.batch_size": Reach(pending(LOOP, "data")),
-    "data.shuffle_seed": Reach(pending(LOOP, "data")),
-    "data.rl_skips_demonstrated": Reach(pending(LOOP, "data")),
+    "data.batch_size": Reach(rl_questions),
+    "data.shuffle_seed": Reach(rl_questions),
+    "data.rl_skips_demonstrated": Reach(rl_questions, None, {"sft.num_demos": 100}),
     **{f"data.{name}": Reach(world) for name in (
         "world_seed", "fact_style", "noise", "num_entities", "num_questions", "max_hops",
         "sft_fraction", "name_words")},
@@ -188,10 +219,10 @@ REACH: dict[str, Reach] = {
         "loss_agg_norm", "kl_type", "entropy_coef", "ppo_mini_batches", "ppo_epochs",
         "micro_batches")},
     "rl.kl_coef": Reach(rl_step),
-    "rl.norm_by_std": Reach(pending(LOOP, "rl")),
-    "rl.group_by": Reach(pending(LOOP, "rl")),
-    "rl.pack_rows": Reach(pending(LOOP, "rl")),
-    "rl.pack_len": Reach(pending(LOOP, "rl")),
+    "rl.norm_by_std": Reach(rl_batches),
+    "rl.group_by": Reach(rl_batches),
+    "rl.pack_rows": Reach(rl_batches),
+    "rl.pack_len": Reach(rl_batches),
     "sft.steps": Reach(sft_optimizer),
     "sft.lr": Reach(sft_optimizer),
     **{f"sft.{name}": Reach(pending(LOOP, "sft")) for name in (
