@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import logging
 import json
 import os
 
@@ -31,6 +32,8 @@ TOKENIZER_DIRNAME = "tokenizer"
 # prompts, tool-call JSON and report phrasing as whole tokens.
 TOKENIZER_DEMOS = 300
 
+
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class WorldAssets:
@@ -86,7 +89,14 @@ def _exclusive(data_dir: str):
         yield
         return
     os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, ".prepare.lock"), "w") as lock:
+    try:
+        lock = open(os.path.join(data_dir, ".prepare.lock"), "w")
+    except OSError as error:  # a read-only data dir: usable when complete (nothing is written)
+        log.warning("data dir %s: no lock file (%s); using it read-only", data_dir,
+                    error.strerror or error)
+        yield
+        return
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -41,3 +41,15 @@ def test_datasets_without_a_builder_are_refused_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"eval.datasets = 'frames'"):
         prepare_world(cfg, str(tmp_path))
     assert not os.listdir(tmp_path)
+
+
+def test_a_data_dir_without_a_writable_lock_is_used_read_only(tmp_path):
+    """A complete data dir on read-only storage: the lock file cannot be opened for writing
+    (here: a directory stands where it would be), and the world is read without it."""
+    from matpo_jax.data import world_assets
+
+    (tmp_path / ".prepare.lock").mkdir()
+    entered = []
+    with world_assets._exclusive(str(tmp_path)):
+        entered.append(True)
+    assert entered == [True]
