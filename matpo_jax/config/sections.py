@@ -315,6 +315,9 @@ class TrainSection(Section):
                                     range=NON_NEGATIVE)
     keep_checkpoints: int = setting(3, "newest checkpoints kept per phase", range=AT_LEAST_ONE)
     async_checkpointing: bool = setting(True, "write checkpoints in the background")
+    remat: str = setting("none", "per-decoder-layer rematerialisation of the train step: none, "
+                         "full, or a jax.checkpoint policy that keeps matmul outputs",
+                         choices=("none", "full", "dots", "dots_no_batch"))
     max_nonfinite_steps: int = setting(
         3, "consecutive skipped updates (non-finite loss, gradient or parameters) after which a "
         "phase stops, naming the step and the last good checkpoint (0: never stop)",

@@ -1,6 +1,13 @@
-"""Training-path attention: causal attention within packed segments, computed block-causally.
+"""Training-path attention: causal attention within packed segments, flash-style.
+
+Memory is linear in the sequence length: query blocks loop over the key blocks up to the diagonal
+with an online softmax, and the backward recomputes each block's probabilities from the saved
+per-row log-normaliser instead of keeping them. Nothing of size [T, T] is ever live; the largest
+temporaries are one [block, block] score tile per (batch, kv head, group).
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,93 +21,163 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array)
     return cached_attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask)
 
 
-# Query-block size of the packed training attention. 128 keeps the per-block matmuls MXU-aligned
-# on TPU and was fastest (with 64) on CPU fwd+bwd at T=1024 (benchmarks/attention.py).
+# Query- and key-block size of the packed training attention. 128 keeps the per-block matmuls
+# MXU-aligned on TPU and was fastest (with 64) on CPU fwd+bwd at T=1024 (benchmarks/attention.py).
 ATTENTION_BLOCK = 128
 
 
-def _transposed(x):
-    """x with its last two axes swapped, as its own array: the barrier keeps XLA from folding the
-    transpose back into the consuming dot (which it would then feed from a strided copy of the
-    much larger [M, S] operand instead)."""
-    return jax.lax.optimization_barrier(jnp.swapaxes(x, -1, -2))
+def _tile(x, start, size, axis):
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-@jax.custom_vjp
-def _attend_block(q, k, v, bias):
-    """Softmax attention of one query block: q [B, K, M, D] (M = group * block rows, already
-    scaled by 1/sqrt(D)), k, v [B, K, S, D], bias [B, 1, M, S] float32 (0 = may attend,
-    MASKED_SCORE = masked). Returns [B, K, M, D].
-
-    Hand-written VJP (the flash-attention backward, with the probabilities saved rather than
-    recomputed): the automatic one took ~1.5x longer on CPU, mostly in extra passes over the
-    [M, S] scores. The mask is an additive bias so XLA fuses it into the scores' matmul."""
-    return _attend_block_fwd(q, k, v, bias)[0]
-
-
-def _attend_block_fwd(q, k, v, bias):
-    scores = jnp.einsum("bkmd,bksd->bkms", q, k, preferred_element_type=jnp.float32) + bias
-    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))  # unnormalised
-    inv_norm = 1.0 / jnp.sum(weights, axis=-1, keepdims=True)
-    out = jnp.einsum("bkms,bksd->bkmd", weights.astype(v.dtype), v,
-                     preferred_element_type=jnp.float32) * inv_norm
-    # Materialised once: otherwise XLA recomputes weights @ v inside the backward's fusion.
-    out = jax.lax.optimization_barrier(out.astype(v.dtype))
-    return out, (q, k, v, weights, inv_norm, out)
+def _block_bias(seg_q, seg_k, q_start, k_start, group):
+    """Additive score bias of one (query block, key block) tile: 0 where the query may attend
+    (same segment and not later), MASKED_SCORE elsewhere. seg_q, seg_k: [B, block] ->
+    [B, 1, group * block, block] float32 (queries laid out group-major, as the q tiles)."""
+    block = seg_q.shape[1]
+    q_pos = q_start + jnp.arange(block, dtype=jnp.int32)
+    k_pos = k_start + jnp.arange(block, dtype=jnp.int32)
+    allowed = (q_pos[:, None] >= k_pos[None, :])[None] & (seg_q[:, :, None] == seg_k[:, None, :])
+    bias = jnp.where(allowed, 0.0, MASKED_SCORE).astype(jnp.float32)  # [B, block, block]
+    bias = jnp.broadcast_to(bias[:, None], (bias.shape[0], group, block, block))
+    return bias.reshape(bias.shape[0], 1, group * block, block)
 
 
-def _attend_block_bwd(residuals, d_out):
-    q, k, v, weights, inv_norm, out = residuals
-    d_out32 = d_out.astype(jnp.float32)
+def _q_tile(x, start, block):
+    """Rows [start, start + block) of x [B, K, G, T, ...] as [B, K, G * block, ...]."""
+    tile = _tile(x, start, block, axis=3)
+    return tile.reshape(tile.shape[0], tile.shape[1], -1, *tile.shape[4:])
+
+
+def _scores(q_tile, k_tile, bias):
+    return jnp.einsum("bkmd,bksd->bkms", q_tile, k_tile,
+                      preferred_element_type=jnp.float32) + bias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, segment_ids, block):
+    """q [B, K, G, T, D] (already scaled by 1/sqrt(D)), k, v [B, K, T, D], segment_ids [B, T]
+    with T a multiple of `block` -> out [B, K, G, T, D]."""
+    return _flash_fwd(q, k, v, segment_ids, block)[0]
+
+
+def _flash_fwd(q, k, v, segment_ids, block):
+    batch, kv_heads, group, length, head_dim = q.shape
+    rows = group * block
+
+    def query_block(i, carry):
+        out, log_norm = carry
+        lo = i * block
+        q_i, seg_q = _q_tile(q, lo, block), _tile(segment_ids, lo, block, axis=1)
+
+        def key_block(j, acc):
+            running_max, total, acc_out = acc
+            k_lo = j * block
+            bias = _block_bias(seg_q, _tile(segment_ids, k_lo, block, axis=1), lo, k_lo, group)
+            scores = _scores(q_i, _tile(k, k_lo, block, axis=2), bias)
+            new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
+            correction = jnp.exp(running_max - new_max)
+            weights = jnp.exp(scores - new_max[..., None])
+            total = total * correction + jnp.sum(weights, axis=-1)
+            acc_out = acc_out * correction[..., None] + jnp.einsum(
+                "bkms,bksd->bkmd", weights.astype(v.dtype), _tile(v, k_lo, block, axis=2),
+                preferred_element_type=jnp.float32)
+            return new_max, total, acc_out
+
+        init = (jnp.full((batch, kv_heads, rows), -jnp.inf, jnp.float32),
+                jnp.zeros((batch, kv_heads, rows), jnp.float32),
+                jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32))
+        # Keys after the query block are all causally masked: the loop stops at the diagonal.
+        running_max, total, acc_out = jax.lax.fori_loop(0, i + 1, key_block, init)
+        out_i = (acc_out / total[..., None]).astype(out.dtype)
+        out = jax.lax.dynamic_update_slice_in_dim(
+            out, out_i.reshape(batch, kv_heads, group, block, head_dim), lo, axis=3)
+        log_norm = jax.lax.dynamic_update_slice_in_dim(
+            log_norm, (running_max + jnp.log(total)).reshape(batch, kv_heads, group, block), lo,
+            axis=3)
+        return out, log_norm
+
+    out, log_norm = jax.lax.fori_loop(
+        0, length // block, query_block,
+        (jnp.zeros(q.shape, v.dtype), jnp.zeros(q.shape[:-1], jnp.float32)))
+    return out, (q, k, v, segment_ids, out, log_norm)
+
+
+def _flash_bwd(block, residuals, d_out):
+    q, k, v, segment_ids, out, log_norm = residuals
+    batch, kv_heads, group, length, head_dim = q.shape
     # Softmax backward: dS = P * (dP - rowsum(P * dP)) and rowsum(P * dP) = rowsum(dO * O).
-    delta = jnp.sum(d_out32 * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_scaled = (d_out32 * inv_norm).astype(v.dtype)
-    dv = jnp.einsum("bkdm,bkms->bkds", _transposed(d_scaled), weights.astype(v.dtype),
-                    preferred_element_type=jnp.float32)
-    dp = jnp.einsum("bkmd,bksd->bkms", d_out, v, preferred_element_type=jnp.float32)
-    ds = (weights * inv_norm * (dp - delta)).astype(q.dtype)
-    dq = jnp.einsum("bkms,bksd->bkmd", ds, k, preferred_element_type=jnp.float32)
-    dk = jnp.einsum("bkdm,bkms->bkds", _transposed(q), ds, preferred_element_type=jnp.float32)
-    return (dq.astype(q.dtype), jnp.swapaxes(dk, -1, -2).astype(k.dtype),
-            jnp.swapaxes(dv, -1, -2).astype(v.dtype), None)
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+
+    def query_block(i, carry):
+        dq, dk, dv = carry
+        lo = i * block
+        q_i, do_i = _q_tile(q, lo, block), _q_tile(d_out.astype(v.dtype), lo, block)
+        norm_i, delta_i = _q_tile(log_norm, lo, block), _q_tile(delta, lo, block)
+        seg_q = _tile(segment_ids, lo, block, axis=1)
+
+        def key_block(j, acc):
+            dq_i, dk, dv = acc
+            k_lo = j * block
+            k_j, v_j = _tile(k, k_lo, block, axis=2), _tile(v, k_lo, block, axis=2)
+            bias = _block_bias(seg_q, _tile(segment_ids, k_lo, block, axis=1), lo, k_lo, group)
+            probs = jnp.exp(_scores(q_i, k_j, bias) - norm_i[..., None])  # recomputed, f32
+            dv_j = jnp.einsum("bkms,bkmd->bksd", probs.astype(v.dtype), do_i,
+                              preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bkmd,bksd->bkms", do_i, v_j, preferred_element_type=jnp.float32)
+            ds = (probs * (dp - delta_i[..., None])).astype(q.dtype)
+            dq_i = dq_i + jnp.einsum("bkms,bksd->bkmd", ds, k_j,
+                                     preferred_element_type=jnp.float32)
+            dk_j = jnp.einsum("bkms,bkmd->bksd", ds, q_i, preferred_element_type=jnp.float32)
+            dk = jax.lax.dynamic_update_slice_in_dim(dk, _tile(dk, k_lo, block, 2) + dk_j, k_lo, 2)
+            dv = jax.lax.dynamic_update_slice_in_dim(dv, _tile(dv, k_lo, block, 2) + dv_j, k_lo, 2)
+            return dq_i, dk, dv
+
+        dq_i = jnp.zeros((batch, kv_heads, group * block, head_dim), jnp.float32)
+        dq_i, dk, dv = jax.lax.fori_loop(0, i + 1, key_block, (dq_i, dk, dv))
+        dq = jax.lax.dynamic_update_slice_in_dim(
+            dq, dq_i.reshape(batch, kv_heads, group, block, head_dim), lo, axis=3)
+        return dq, dk, dv
+
+    zeros_kv = jnp.zeros(k.shape, jnp.float32)
+    dq, dk, dv = jax.lax.fori_loop(0, length // block, query_block,
+                                   (jnp.zeros(q.shape, jnp.float32), zeros_kv, zeros_kv))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
-_attend_block.defvjp(_attend_block_fwd, _attend_block_bwd)
+_flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
                      block: int = ATTENTION_BLOCK) -> jax.Array:
-    """Causal attention within equal segment ids (0 = padding), computed block-causally.
+    """Causal attention within equal segment ids (0 = padding), flash-style.
 
     q: [B, T, H, D]; k, v: [B, T, K, D]; segment_ids: [B, T] int. Returns [B, T, H * D], equal
-    (up to float summation order) to `grouped_attention` with the dense packed mask: query block
-    [lo, hi) only attends to keys [0, hi), because every later key is causally masked and a masked
-    score contributes exactly 0 to the softmax. That skips the blocks above the diagonal (about
-    half the work at T = 1024) and never materialises a [B, K, G, T, T] score. Keys are not
-    repeated: each query block is laid out [B, kv_heads, group * block, D] so both products are
-    plain batched matmuls. Padding rows (segment 0) attend to nothing; as in the dense path
-    (uniform softmax over all T keys) they get the mean of v over the row.
+    (up to float summation order) to `grouped_attention` with the dense packed mask. Query block
+    [lo, hi) visits key blocks up to hi only (later keys are causally masked and contribute
+    exactly 0), so about half the [T, T] work is skipped; keys are not repeated: each query block
+    is laid out [B, kv_heads, group * block, D] so both products are plain batched matmuls.
+    Memory: O(T) residuals (q, k, v, out, a float32 log-normaliser per query row) plus one score
+    tile per loop step, in the forward and in the backward (which recomputes the probabilities).
+    Padding rows (segment 0) get, as in the dense path (uniform softmax over all T keys), the
+    mean of v over the row. A length that `block` does not divide is padded up to one.
     """
     batch, length, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
-    q = q * jnp.asarray(head_dim ** -0.5, q.dtype)
-    q = q.reshape(batch, length, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    k_t, v_t = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, D]
-    positions = jnp.arange(length, dtype=jnp.int32)
-    outs = []
-    for lo in range(0, length, block):
-        hi = min(lo + block, length)
-        seg_q = segment_ids[:, lo:hi]
-        mask = ((positions[lo:hi, None] >= positions[None, :hi])[None]
-                & (seg_q[:, :, None] == segment_ids[:, None, :hi]))  # [B, rows, hi]
-        bias = jnp.where(mask, 0.0, MASKED_SCORE).astype(jnp.float32)
-        bias = jnp.broadcast_to(bias[:, None, None], (batch, 1, group, hi - lo, hi))
-        out = _attend_block(q[:, :, :, lo:hi].reshape(batch, kv_heads, group * (hi - lo), head_dim),
-                            k_t[:, :, :hi], v_t[:, :, :hi],
-                            bias.reshape(batch, 1, group * (hi - lo), hi))
-        outs.append(out.reshape(batch, kv_heads, group, hi - lo, head_dim))
-    out = jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
-    pad = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)[:, None, :, None, :]
-    out = jnp.where((segment_ids != 0)[:, :, None, None, None], out, pad)
+    block = min(block, length)
+    padded = -(-length // block) * block
+    segment_ids = segment_ids.astype(jnp.int32)
+    pad_rows = ((0, 0), (0, padded - length))
+
+    def pad(x):
+        return jnp.pad(x, pad_rows + ((0, 0),) * (x.ndim - 2))
+
+    q_s = q * jnp.asarray(head_dim ** -0.5, q.dtype)
+    q_s = pad(q_s).reshape(batch, padded, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    k_t, v_t = pad(k).transpose(0, 2, 1, 3), pad(v).transpose(0, 2, 1, 3)  # [B, K, T, D]
+    out = _flash(q_s, k_t, v_t, pad(segment_ids), block)
+    out = out[:, :, :, :length].transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
+    mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)[:, None, :, None, :]
+    out = jnp.where((segment_ids != 0)[:, :, None, None, None], out, mean_v)
     return out.reshape(batch, length, heads * head_dim)

@@ -15,6 +15,7 @@ from flax import nnx
 from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
     blocked_cached_attention, cached_attention)
 from matpo_jax.model import projection
+from matpo_jax.model.remat import remat_policy
 from matpo_jax.model.config import Qwen3Config
 from matpo_jax.model.packed_attention import grouped_attention, packed_attention  # noqa: F401
 
@@ -205,9 +206,17 @@ class Qwen3ForCausalLM(nnx.Module):
         segment 0 marks padding. Positions default to 0..T-1 (restart them per packed segment)."""
         return self.logits_from_hidden(self.hidden_states(tokens, positions, segment_ids))
 
-    def hidden_states(self, tokens, positions=None, segment_ids=None):
+    def hidden_states(self, tokens, positions=None, segment_ids=None, remat: str = "none",
+                      scan_layers: bool = False):
         """The final normalised hidden states [B, T, hidden] of __call__, for callers that project
-        to the vocabulary in chunks (the full [B, T, V] float32 logits can dominate memory)."""
+        to the vocabulary in chunks (the full [B, T, V] float32 logits can dominate memory).
+
+        `remat` names the rematerialisation policy of each decoder layer under differentiation
+        (model.remat.REMAT_POLICIES; "none": every intermediate is kept for the backward).
+        `scan_layers` runs the layers as one `lax.scan` over their stacked parameters (cast to
+        the compute dtype first): the compiler then sees one layer instead of all of them, which
+        is what keeps compiling a 40-layer model at 40k tokens in minutes; it costs a stacked
+        copy of the layer parameters while the step runs. Same numbers either way."""
         batch, length = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
@@ -216,8 +225,23 @@ class Qwen3ForCausalLM(nnx.Module):
         segment_ids = segment_ids.astype(jnp.int32)
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        for layer in self.layers:
-            hidden, _ = layer(hidden, rope, segment_ids)
+        layer_def = nnx.graphdef(self.layers[0])
+
+        def apply(layer_state, hidden):
+            return nnx.merge(layer_def, layer_state)(hidden, rope, segment_ids)[0]
+
+        if remat != "none":
+            apply = jax.checkpoint(apply, policy=remat_policy(remat), prevent_cse=not scan_layers)
+        states = [nnx.state(layer) for layer in self.layers]
+        if not scan_layers:
+            for state in states:
+                hidden = apply(state, hidden)
+        else:
+            compute = jnp.dtype(self.config.dtype)
+            stacked = jax.tree.map(
+                lambda *xs: jnp.stack([x.astype(compute) if jnp.issubdtype(x.dtype, jnp.floating)
+                                       else x for x in xs]), *states)
+            hidden, _ = jax.lax.scan(lambda h, state: (apply(state, h), None), hidden, stacked)
         return self.norm(hidden)
 
     # --- cached generation
@@ -274,11 +298,16 @@ class Qwen3ForCausalLM(nnx.Module):
 
     # --- output projection
 
-    def logits_from_hidden(self, hidden):
-        """[..., hidden] normalised states -> [..., V] float32 logits (tied or untied head)."""
+    def head_kernel(self, dtype=None):
+        """The output projection [hidden, vocab] (the tied embedding's transpose, or lm_head), in
+        `dtype` (default: the compute dtype)."""
         if self.config.tie_word_embeddings:
-            head = self.embed_tokens.embedding[...].T  # [hidden, vocab]
+            head = self.embed_tokens.embedding[...].T
         else:
             head = self.lm_head.kernel[...]
+        return head.astype(dtype or jnp.dtype(self.config.dtype))
+
+    def logits_from_hidden(self, hidden):
+        """[..., hidden] normalised states -> [..., V] float32 logits (tied or untied head)."""
         # float32 accumulation: log-probs for the RL ratio need it even under bfloat16 compute.
-        return projection.project(hidden, head.astype(hidden.dtype), jnp.float32)
+        return projection.project(hidden, self.head_kernel(hidden.dtype), jnp.float32)

@@ -133,8 +133,12 @@ def optimizer_config(cfg: ExperimentConfig, phase: str) -> step_lib.OptimizerCon
 
 def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
     if phase == "sft":
-        return step_lib.TrainStepConfig(objective="sft", loss=loss_config(cfg.rl))
+        return step_lib.TrainStepConfig(objective="sft", loss=loss_config(cfg.rl),
+                                        remat=cfg.train.remat)
+    # Log-probs at the rollouts' sampling temperature (greedy rollouts: the plain softmax).
     return step_lib.TrainStepConfig(objective="rl", loss=loss_config(cfg.rl),
+                                    temperature=cfg.rollout.temperature or 1.0,
+                                    remat=cfg.train.remat,
                                     micro_batches=cfg.rl.micro_batches,
                                     ppo_mini_batches=cfg.rl.ppo_mini_batches,
                                     ppo_epochs=cfg.rl.ppo_epochs)

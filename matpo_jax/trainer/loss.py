@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from matpo_jax.trainer import logprobs as logprobs_lib
+
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 SEQ_DENOMINATORS = ("sequences", "planners")
@@ -95,15 +97,21 @@ def aggregation_weights(masks: Sequence[np.ndarray], group_ids: Sequence[int],
 # ----------------------------------------------------------------------------- device: per token
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, segment_ids: jax.Array,
-                   with_entropy: bool = False):
-    """log p(tokens[t] | prefix) from logits[t-1] (next-token prediction), shape [B, T].
+                   with_entropy: bool = False, temperature: float = 1.0):
+    """log p(tokens[t] | prefix) from logits[t-1] (next-token prediction), shape [B, T], under
+    softmax(logits / temperature) (the sampler's distribution: see `sampler.ops.sample_tokens`).
 
     Position t is predictable only when t-1 lies in the same (non-padding) segment, so a packed
     segment's first token is never scored from the previous segment's last logits; those
     positions get log-prob 0 (and the packer never puts loss on them). Also returns the entropy of
     the predicting distribution (zeros when with_entropy=False) and the predictable mask.
+
+    This is the dense reference (it takes materialised [B, T, V] logits); the train step uses
+    `logprobs.next_token_logprobs`, the same numbers computed blockwise from hidden states.
     """
     logits = logits.astype(jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
     prev_logits = logits[:, :-1]
     log_norm = jax.nn.logsumexp(prev_logits, axis=-1)
     target_logit = jnp.take_along_axis(prev_logits, tokens[:, 1:, None], axis=-1)[..., 0]
@@ -157,10 +165,14 @@ def _role_sums(role_ids, mask, named_values: dict) -> dict:
     return sums
 
 
-def policy_loss(logits, batch, config: LossConfig):
-    """RL objective of one (micro-)batch: (weighted loss sum, per-role metric sums)."""
-    need_entropy = config.entropy_coef > 0 or config.entropy_metrics
-    logp, entropy, _ = token_logprobs(logits, batch.tokens, batch.segment_ids, need_entropy)
+def needs_entropy(config: LossConfig) -> bool:
+    return config.entropy_coef > 0 or config.entropy_metrics
+
+
+def policy_objective(logp, entropy, batch, config: LossConfig):
+    """RL objective of one (micro-)batch from its per-token log-probs [B, T] (and the entropy of
+    the predicting distributions, used when entropy_coef > 0 or entropy_metrics):
+    (weighted loss sum, per-role metric sums)."""
     if config.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
     mask = batch.loss_mask.astype(jnp.float32)
@@ -177,7 +189,7 @@ def policy_loss(logits, batch, config: LossConfig):
         values["ref_kl"] = kl
     if config.entropy_coef > 0:
         per_token = per_token - config.entropy_coef * entropy
-    if need_entropy:
+    if needs_entropy(config):
         values["entropy"] = entropy
     log_ratio = jax.lax.stop_gradient(logp - batch.old_logprobs)
     values["approx_kl"] = jnp.exp(log_ratio) - 1.0 - log_ratio  # k3 of KL(old || current)
@@ -187,13 +199,44 @@ def policy_loss(logits, batch, config: LossConfig):
     return loss, metrics
 
 
-def sft_loss(logits, batch, config: LossConfig | None = None):
-    """Supervised objective: cross-entropy on trainable tokens, weighted like the RL loss."""
-    logp, _, _ = token_logprobs(logits, batch.tokens, batch.segment_ids)
+def sft_objective(logp, batch):
+    """Supervised objective from per-token log-probs: cross-entropy on trainable tokens, weighted
+    like the RL loss."""
     mask = batch.loss_mask.astype(jnp.float32)
     loss = jnp.sum(batch.loss_weights * mask * -logp)
     metrics = _role_sums(batch.role_ids, mask, {"nll": jax.lax.stop_gradient(-logp)})
     return loss, metrics
+
+
+def policy_loss(logits, batch, config: LossConfig, temperature: float = 1.0):
+    """RL objective of one (micro-)batch from dense logits [B, T, V], log-probs taken at the
+    rollout's sampling `temperature`: (weighted loss sum, per-role metric sums)."""
+    logp, entropy, _ = token_logprobs(logits, batch.tokens, batch.segment_ids,
+                                      needs_entropy(config), temperature)
+    return policy_objective(logp, entropy, batch, config)
+
+
+def sft_loss(logits, batch, config: LossConfig | None = None):
+    """Supervised objective from dense logits: cross-entropy on trainable tokens."""
+    logp, _, _ = token_logprobs(logits, batch.tokens, batch.segment_ids)
+    return sft_objective(logp, batch)
+
+
+def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
+                    temperature: float = 1.0, remat: str = "none", scan_layers: bool = False,
+                    seq_block: int = logprobs_lib.SEQ_BLOCK,
+                    vocab_block: int = logprobs_lib.VOCAB_BLOCK):
+    """The objective straight from the model, as the train step differentiates it: decoder
+    layers (rematerialised per `remat`, optionally as one scan), then log-probs blockwise from the hidden states (the
+    [B, T, V] logits never exist). RL log-probs at the rollout's sampling `temperature`; SFT at 1.
+    """
+    rl = objective == "rl"
+    logp, entropy, _ = logprobs_lib.score_tokens(
+        model, batch.tokens, batch.positions, batch.segment_ids,
+        temperature=temperature if rl else 1.0, with_entropy=rl and needs_entropy(config),
+        entropy_gradient=rl and config.entropy_coef > 0, remat=remat, scan_layers=scan_layers,
+        seq_block=seq_block, vocab_block=vocab_block)
+    return policy_objective(logp, entropy, batch, config) if rl else sft_objective(logp, batch)
 
 
 def finalize_metrics(sums: dict) -> dict:

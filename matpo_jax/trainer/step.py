@@ -28,6 +28,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from matpo_jax import parallel
+from matpo_jax.model.remat import REMAT_POLICIES
+from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer.packing import PackedBatch
 
@@ -63,10 +65,22 @@ class TrainStepConfig:
     micro_batches: int = 1  # gradient accumulation steps per optimizer step
     ppo_mini_batches: int = 1  # optimizer steps per epoch over the RL batch
     ppo_epochs: int = 1  # passes over the RL batch
+    # RL log-probs are taken at the rollouts' sampling temperature (softmax(logits / T)), the
+    # distribution the sampler recorded old log-probs under; 1 for greedy rollouts.
+    temperature: float = 1.0
+    remat: str = "none"  # per-decoder-layer rematerialisation (model.remat.REMAT_POLICIES)
+    scan_layers: bool = False  # decoder layers as one lax.scan (compile time; same numbers)
+    logprob_seq_block: int = logprobs_lib.SEQ_BLOCK  # blockwise log-softmax tiles
+    logprob_vocab_block: int = logprobs_lib.VOCAB_BLOCK
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"TrainStepConfig.objective={self.objective!r}, expected {OBJECTIVES}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"TrainStepConfig.remat={self.remat!r}, expected one of "
+                             f"{tuple(REMAT_POLICIES)}")
+        if not self.temperature > 0:
+            raise ValueError(f"TrainStepConfig.temperature must be > 0, got {self.temperature}")
         for name in ("micro_batches", "ppo_mini_batches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainStepConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -184,19 +198,17 @@ def tree_all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-def _objective(config: TrainStepConfig):
-    return loss_lib.policy_loss if config.objective == "rl" else loss_lib.sft_loss
-
-
 def _accumulated_gradients(graphdef, config: TrainStepConfig, shardings: TrainState) -> Callable:
     """(params, frozen, mini_batch [micro, rows, T]) -> (summed grads, loss, metric sums)."""
-    objective, mini = _objective(config), config.ppo_mini_batches
+    mini = config.ppo_mini_batches
 
     def micro_loss(params, frozen, batch):
         model = nnx.merge(graphdef, params, frozen)
-        logits = model(batch.tokens, batch.positions, batch.segment_ids)
+        loss, sums = loss_lib.model_objective(
+            model, batch, config.loss, objective=config.objective,
+            temperature=config.temperature, remat=config.remat, scan_layers=config.scan_layers,
+            seq_block=config.logprob_seq_block, vocab_block=config.logprob_vocab_block)
         # Each mini-batch is one slice of the whole-batch objective; scale it back to full size.
-        loss, sums = objective(logits, batch, config.loss)
         return loss * mini, (loss, sums)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -251,8 +263,8 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
 
         def one(micro_batch):
             logits = model(micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids)
-            return loss_lib.token_logprobs(logits, micro_batch.tokens,
-                                           micro_batch.segment_ids)[0]
+            return loss_lib.token_logprobs(logits, micro_batch.tokens, micro_batch.segment_ids,
+                                           temperature=config.temperature)[0]
 
         per_micro = jax.lax.map(one, split)  # [micro, rows_per_micro, T]
         # Undo _split_rows: row j * micro + k is row j of micro-batch k.

@@ -236,6 +236,7 @@ REACH: dict[str, Reach] = {
         "log_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
         "max_nonfinite_steps")},
     "train.eval_every": Reach(pending(LOOP, "train")),
+    "train.remat": Reach(rl_step, "full"),
     "eval.datasets": Reach(pending(DATASETS, "eval"), ("synthetic_multihop", "frames")),
     "eval.split": Reach(eval_questions, "test"),
     "eval.num_questions": Reach(eval_questions),

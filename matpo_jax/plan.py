@@ -1,0 +1,104 @@
+"""Plan a run on a TPU slice from any machine: compile the real train step and one sampler decode
+step for the topology ahead of time and print per-chip memory against HBM, FLOPs per step and
+the step time at a stated MFU.
+
+    pip install -e ".[tpu]"   # libtpu: compiling for TPU needs no TPU
+    python -m matpo_jax.plan --config=configs/qwen3_14b_musique.py --topology=v5p-128
+    python -m matpo_jax.plan --config=configs/qwen3_4b_musique.py --topology=v5e-64 \
+        --out=benchmarks/results        # also writes plan_<config>_<topology>.json and plan.md
+
+Shapes come from the config: model.arch and dtypes, mesh, rl.pack_rows x rl.pack_len (the
+smallest packed batch a step sees; --rows for more), the RL loss and optimizer, rollout.decode_slots
+x rollout.max_context for the KV cache, rollout.temperature for the log-probs.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU, run nothing: before jax loads
+
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].",
+                                          lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: v5e-8, v5p-128, v5e:2x4, ...")
+_ROWS = flags.DEFINE_integer("rows", None, "Packed rows per train step (default rl.pack_rows).")
+_REMAT = flags.DEFINE_string("remat", None, "Rematerialisation policy (default train.remat, "
+                             "else full).")
+_SCAN = flags.DEFINE_bool("scan_layers", True, "Compile the decoder layers as one scan.")
+_MICRO = flags.DEFINE_integer("micro_batches", None, "Micro-batches per optimizer step (default "
+                              "rl.micro_batches).")
+_SEARCH = flags.DEFINE_bool("search_micro_batches", True, "If the train step does not fit, "
+                            "compile it again with 2x, 4x ... micro-batches until it does.")
+_MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation for the step-time estimate.")
+_TRAIN = flags.DEFINE_bool("train", True, "Compile the train step.")
+_DECODE = flags.DEFINE_bool("decode", True, "Compile one sampler decode step.")
+_OUT = flags.DEFINE_string("out", None, "Directory for plan_<config>_<topology>.json + plan.md.")
+
+
+def _get(cfg, dotted: str, default):
+    node = cfg
+    for part in dotted.split("."):
+        if part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def plan_inputs(cfg, *, rows=None, remat=None, scan_layers=True, micro_batches=None, mfu=0.4):
+    """PlanInputs from an experiment config (the same translators the training run uses)."""
+    from matpo_jax.model import Qwen3Config
+    from matpo_jax.planning.step_plan import PlanInputs
+    from matpo_jax.run import runtime
+
+    model = Qwen3Config(**dict(cfg.model.arch), dtype=cfg.model.dtype,
+                        param_dtype=cfg.model.param_dtype)
+    temperature = float(cfg.rollout.temperature) or 1.0  # greedy rollouts record T = 1
+    step = dataclasses.replace(
+        runtime.step_config(cfg, "rl"), temperature=temperature,
+        remat=remat or _get(cfg, "train.remat", "full"),
+        scan_layers=bool(_get(cfg, "train.scan_layers", scan_layers)),
+        micro_batches=micro_batches or int(cfg.rl.micro_batches))
+    return PlanInputs(model=model, mesh_shape=dict(cfg.mesh), rows=rows or int(cfg.rl.pack_rows),
+                      row_length=int(cfg.rl.pack_len), step=step,
+                      optimizer=runtime.optimizer_config(cfg, "rl"),
+                      decode_slots=int(cfg.rollout.decode_slots),
+                      max_context=int(cfg.rollout.max_context), mfu=mfu)
+
+
+def main(argv):
+    del argv
+    if _CONFIG.value is None or _TOPOLOGY.value is None:
+        raise app.UsageError("--config and --topology are required")
+    from matpo_jax.planning import report, step_plan
+    from matpo_jax.planning.topology import parse_topology
+
+    topology = parse_topology(_TOPOLOGY.value)
+    inputs = plan_inputs(_CONFIG.value, rows=_ROWS.value, remat=_REMAT.value,
+                         scan_layers=_SCAN.value, micro_batches=_MICRO.value, mfu=_MFU.value)
+    plan = step_plan.make_plan(inputs, topology, decode=_DECODE.value, train=_TRAIN.value,
+                               search_micro_batches=_SEARCH.value)
+    config_path = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    plan.update(config=config_path.rsplit("/", 1)[-1],
+                command="python -m matpo_jax.plan " + " ".join(
+                    shlex.quote(a) for a in sys.argv[1:] if not a.startswith("--out")),
+                machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    print("\n".join(step_plan.summary_lines(plan)))
+    if _OUT.value:
+        out = Path(_OUT.value)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{step_plan.plan_name(config_path, topology.name)}.json"
+        path.write_text(json.dumps(step_plan.as_json_ready(plan), indent=1) + "\n")
+        print(f"wrote {path} and {report.write_markdown(out)}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,73 @@
+"""The combined markdown table of every committed plan (benchmarks/results/plan_*.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _gib(x) -> str:
+    return f"{x / 2**30:.2f}"
+
+
+def _fit(flag) -> str:
+    return "yes" if flag else "**no**"
+
+
+def markdown(plans: list[dict]) -> str:
+    lines = [
+        "# Memory and FLOPs plans (compiled ahead of time for the TPU topology)", "",
+        "Per chip, GiB. Train step: the real jitted `make_train_step` (RL objective, AdamW) "
+        "compiled by libtpu for the topology from abstract shapes; parameters / optimizer state "
+        "/ batch from the shardings, temporaries = compiled peak - live arguments and outputs "
+        "(they hold the gradient accumulator, listed apart, and the activations). Decode step: "
+        "one sampler step over every slot (`Qwen3ForCausalLM.decode`); its peak plus the "
+        "optimizer state (resident during rollouts) against HBM. Step time = model FLOPs / "
+        "(chips x peak bf16 FLOP/s x MFU).", "",
+        "| config | topology | mesh (data, fsdp, tensor) | rows x tokens (remat) | parameters | "
+        "optimizer state | gradients | activations + other temp. | train peak | fits | "
+        "TFLOPs / step | step s @ MFU | slots x context | KV cache | decode peak + opt. | fits "
+        "| slots that fit | HBM |",
+        "|" + "---|" * 18]
+    for plan in plans:
+        ts, ds = plan.get("train_step"), plan.get("decode_step")
+        mesh = plan["mesh"]
+        row = [plan.get("config", "?"), plan["topology"],
+               f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
+        if ts:
+            m = ts["memory_per_chip"]
+            row += [f"{ts['rows']} x {ts['row_length']} ({ts['remat']})", _gib(m["parameters"]),
+                    _gib(m["optimizer_state"]), _gib(m["gradients"]),
+                    _gib(m["activations_and_other_temporaries"]), _gib(m["peak"]),
+                    _fit(ts["fits"]), f"{ts['model_flops'] / 1e12:,.0f}",
+                    f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}"]
+        else:
+            row += ["not compiled"] + [""] * 8
+        if ds:
+            m = ds["memory_per_chip"]
+            row += [f"{ds['slots']} x {ds['max_context']}", _gib(m["kv_cache"]),
+                    _gib(ds["peak_with_optimizer_state"]), _fit(ds["fits"]),
+                    str(ds["slots_that_fit"])]
+        else:
+            row += ["not compiled", "", "", "", ""]
+        row.append(_gib(plan["hbm_per_chip"]))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Commands and compile times:", ""]
+    for plan in plans:
+        times = ", ".join(f"{k} {plan[k]['compile_s']} s" for k in ("train_step", "decode_step")
+                          if k in plan)
+        lines.append(f"- `{plan.get('command', '')}` ({times}; {plan.get('machine', '')})")
+    notes = [p["note"] for p in plans if p.get("note")]
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(results_dir: str | Path, name: str = "plan.md") -> Path:
+    results_dir = Path(results_dir)
+    plans = [json.loads(p.read_text()) for p in sorted(results_dir.glob("plan_*.json"))]
+    order = {"0_6b": 0, "4b": 1, "14b": 2}
+    plans.sort(key=lambda p: (next((v for k, v in order.items() if k in p.get("config", "")), 9),
+                              p["topology"]))
+    out = results_dir / name
+    out.write_text(markdown(plans))
+    return out

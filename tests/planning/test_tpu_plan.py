@@ -1,0 +1,97 @@
+"""The plan command's library: a tiny train step and decode step compiled by libtpu for a v5e 2x2
+slice on this CPU machine, per-chip memory accounted from the shardings, a decode batch that does
+not fit detected (XLA's out-of-memory answer) and the slots that do fit compiled; configs translate
+into plan inputs; the markdown table reads the JSON."""
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from matpo_jax.config import load_config_file
+from matpo_jax.model import Qwen3Config
+from matpo_jax.planning import report, step_plan
+from matpo_jax.planning.topology import CHIPS, TopologyError, parse_topology
+from matpo_jax.trainer import step as ts
+
+CONFIG = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, dtype="bfloat16")
+
+
+def test_topology_names():
+    v5p = parse_topology("v5p-128")  # TensorCores: 64 chips
+    assert (v5p.chips, v5p.libtpu_name, v5p.chip) == (64, "v5p:4x4x4", CHIPS["v5p"])
+    assert parse_topology("v5e-64").libtpu_name == "v5e:8x8"
+    assert parse_topology("v5litepod-8").libtpu_name == "v5e:2x4"
+    assert parse_topology("v5e:2x2").chips == 4
+    with pytest.raises(TopologyError, match="v5e-3"):
+        parse_topology("v5e-3")
+    with pytest.raises(TopologyError, match="'h100-8'"):
+        parse_topology("h100-8")
+
+
+def test_configs_translate_into_plan_inputs():
+    from matpo_jax.plan import plan_inputs
+    inputs = plan_inputs(load_config_file("configs/qwen3_14b_musique.py"))
+    assert (inputs.model.hidden_size, inputs.model.num_hidden_layers) == (5120, 40)
+    assert not inputs.model.tie_word_embeddings and inputs.model.dtype == "bfloat16"
+    assert (inputs.rows, inputs.row_length, inputs.max_context) == (16, 40960, 40960)
+    assert inputs.step.remat == "full" and inputs.step.scan_layers
+    small = plan_inputs(load_config_file("configs/qwen3_0_6b_musique.py"), remat="dots",
+                        micro_batches=4)
+    assert small.model.tie_word_embeddings and small.model.hidden_size == 1024
+    assert (small.step.remat, small.step.micro_batches) == ("dots", 4)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
+    inputs = step_plan.PlanInputs(
+        model=CONFIG, mesh_shape=dict(data=1, fsdp=-1, tensor=1), rows=4, row_length=128,
+        step=ts.TrainStepConfig(remat="full", scan_layers=True, temperature=0.7),
+        optimizer=ts.OptimizerConfig(), decode_slots=128, max_context=2 ** 23)
+    return step_plan.make_plan(inputs, parse_topology("v5e:2x2"))
+
+
+def test_train_step_compiles_and_memory_adds_up(tiny_plan):
+    plan = tiny_plan
+    assert (plan["chips"], plan["hosts"], plan["mesh"]) == (4, 1, dict(data=1, fsdp=4, tensor=1))
+    train = plan["train_step"]
+    memory = train["memory_per_chip"]
+    assert memory["compiled"] and train["fits"]
+    _, params, _ = step_plan.abstract_model(CONFIG)
+    # FSDP over 4 chips: every matrix in quarters, the norm scales whole (float32 master weights).
+    expected = sum(4 * math.prod(p.shape) // (4 if p.ndim >= 2 else 1)
+                   for p in jax.tree.leaves(params))
+    assert memory["parameters"] == expected
+    assert 2 * expected <= memory["optimizer_state"] <= 2 * expected + 64  # Adam's mu and nu
+    assert memory["arguments"] >= expected + memory["optimizer_state"]
+    assert memory["peak"] >= memory["arguments"] and memory["temporaries"] > 0
+    assert train["tokens"] == 4 * 128 and train["hardware_flops"] > train["model_flops"] > 0
+    assert train["step_time_s_at_mfu"] == pytest.approx(
+        train["model_flops"] / (4 * CHIPS["v5e"].peak_bf16_flops * 0.4))
+
+
+def test_decode_slots_that_do_not_fit_are_found_and_the_fitting_count_compiles(tiny_plan):
+    decode = tiny_plan["decode_step"]
+    # 128 slots x 2^23 tokens: K and V of 1 layer, 2 kv heads x 16, bfloat16, a quarter per chip.
+    kv = decode["memory_per_chip"]["kv_cache"]
+    assert kv == 128 // 4 * 2 * 2 * 16 * 2 ** 23 * 2 + 128 // 4 * 4  # + the lengths
+    assert kv > CHIPS["v5e"].hbm_bytes and not decode["fits"]
+    assert not decode["memory_per_chip"]["compiled"]
+    assert "RESOURCE_EXHAUSTED" in decode["memory_per_chip"]["xla_message"]
+    assert 0 < decode["slots_that_fit"] < 128
+    fitting = tiny_plan["decode_step_fitting_slots"]
+    assert fitting["slots"] == decode["slots_that_fit"] and fitting["fits"]
+    assert fitting["memory_per_chip"]["compiled"]
+
+
+def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
+    plan = dict(tiny_plan, config="tiny.py", command="python -m matpo_jax.plan ...")
+    (tmp_path / "plan_tiny_v5e_2x2.json").write_text(json.dumps(step_plan.as_json_ready(plan)))
+    text = report.write_markdown(tmp_path).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| tiny.py"))
+    assert "| v5e:2x2 | 1, 4, 1 | 4 x 128 (full) |" in row
+    assert row.count("**no**") == 1  # the train step fits, the configured decode batch does not
+    assert np.isfinite(float(row.split("|")[5]))
