@@ -48,7 +48,7 @@ def test_make_mesh_shapes(sizes):
 def test_make_mesh_from_dict_fill_and_errors():
     mesh = parallel.make_mesh({"fsdp": -1, "tensor": 2})
     assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
-    with pytest.raises(ValueError, match="needs 6 devices"):
+    with pytest.raises(ValueError, match=r"mesh.data\*mesh.fsdp\*mesh.tensor = 6 but 8 devices"):
         parallel.make_mesh(data=3, tensor=2)
     with pytest.raises(ValueError, match="unknown mesh axes"):
         parallel.make_mesh({"model": 2})
