@@ -46,7 +46,7 @@ def get_config(arg=None):
     c.tools.search_backend = "serper"
     # Tool URLs are endpoints, used as given (the clients no longer append /search or /page).
     c.tools.search_url = "https://google.serper.dev/search"
-    c.tools.page_url = "http://127.0.0.1:9000/page"  # a page service next to each host
+    c.tools.page_backend = "fetch"  # `open` fetches the URL and extracts its main text
     c.tools.max_response_chars = 20000
     c.tools.timeout_s = 60.0
     c.tools.retries = 3
