@@ -62,8 +62,8 @@ def test_kill_9_at_random_points_then_a_torn_checkpoint_end_like_an_uninterrupte
 
     # Tear the newest checkpoint: the last rerun falls back to the one before it.
     newest = newest_checkpoint(workdir)
-    loop_worker_dir = os.path.join(workdir, "checkpoints", str(newest), "params")
-    for root, _, files in os.walk(loop_worker_dir):
+    torn_params = os.path.join(workdir, "checkpoints", str(newest), "params")
+    for root, _, files in os.walk(torn_params):
         for name in files:
             path = os.path.join(root, name)
             with open(path, "r+b") as f:
