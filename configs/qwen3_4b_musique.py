@@ -77,6 +77,8 @@ def get_config(arg=None):
     c.train.eval_every = 20
     c.train.checkpoint_every = 10
     c.train.keep_checkpoints = 3
+    # 40,960-token rows: each decoder layer's activations are recomputed in the backward pass.
+    c.train.remat = "full"
 
     c.eval.datasets = ("gaia", "frames", "webwalkerqa")
     c.eval.split = "test"

@@ -17,7 +17,6 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU, run nothing: before jax loads
 
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
@@ -44,45 +43,17 @@ _DECODE = flags.DEFINE_bool("decode", True, "Compile one sampler decode step.")
 _OUT = flags.DEFINE_string("out", None, "Directory for plan_<config>_<topology>.json + plan.md.")
 
 
-def _get(cfg, dotted: str, default):
-    node = cfg
-    for part in dotted.split("."):
-        if part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def plan_inputs(cfg, *, rows=None, remat=None, scan_layers=True, micro_batches=None, mfu=0.4):
-    """PlanInputs from an experiment config (the same translators the training run uses)."""
-    from matpo_jax.model import Qwen3Config
-    from matpo_jax.planning.step_plan import PlanInputs
-    from matpo_jax.run import runtime
-
-    model = Qwen3Config(**dict(cfg.model.arch), dtype=cfg.model.dtype,
-                        param_dtype=cfg.model.param_dtype)
-    temperature = float(cfg.rollout.temperature) or 1.0  # greedy rollouts record T = 1
-    step = dataclasses.replace(
-        runtime.step_config(cfg, "rl"), temperature=temperature,
-        remat=remat or _get(cfg, "train.remat", "full"),
-        scan_layers=bool(_get(cfg, "train.scan_layers", scan_layers)),
-        micro_batches=micro_batches or int(cfg.rl.micro_batches))
-    return PlanInputs(model=model, mesh_shape=dict(cfg.mesh), rows=rows or int(cfg.rl.pack_rows),
-                      row_length=int(cfg.rl.pack_len), step=step,
-                      optimizer=runtime.optimizer_config(cfg, "rl"),
-                      decode_slots=int(cfg.rollout.decode_slots),
-                      max_context=int(cfg.rollout.max_context), mfu=mfu)
-
-
 def main(argv):
     del argv
     if _CONFIG.value is None or _TOPOLOGY.value is None:
         raise app.UsageError("--config and --topology are required")
+    from matpo_jax.config import to_typed
     from matpo_jax.planning import report, step_plan
     from matpo_jax.planning.topology import parse_topology
+    from matpo_jax.run.plan_inputs import plan_inputs
 
     topology = parse_topology(_TOPOLOGY.value)
-    inputs = plan_inputs(_CONFIG.value, rows=_ROWS.value, remat=_REMAT.value,
+    inputs = plan_inputs(to_typed(_CONFIG.value, check_files=False), rows=_ROWS.value, remat=_REMAT.value,
                          scan_layers=_SCAN.value, micro_batches=_MICRO.value, mfu=_MFU.value)
     plan = step_plan.make_plan(inputs, topology, decode=_DECODE.value, train=_TRAIN.value,
                                search_micro_batches=_SEARCH.value)

@@ -9,10 +9,11 @@ import jax
 import numpy as np
 import pytest
 
-from matpo_jax.config import load_config_file
+from matpo_jax.config import load_config_file, to_typed
 from matpo_jax.model import Qwen3Config
 from matpo_jax.planning import report, step_plan
 from matpo_jax.planning.topology import CHIPS, TopologyError, parse_topology
+from matpo_jax.run.plan_inputs import plan_inputs
 from matpo_jax.trainer import step as ts
 
 CONFIG = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -32,13 +33,12 @@ def test_topology_names():
 
 
 def test_configs_translate_into_plan_inputs():
-    from matpo_jax.plan import plan_inputs
-    inputs = plan_inputs(load_config_file("configs/qwen3_14b_musique.py"))
+    inputs = plan_inputs(to_typed(load_config_file("configs/qwen3_14b_musique.py"), check_files=False))
     assert (inputs.model.hidden_size, inputs.model.num_hidden_layers) == (5120, 40)
     assert not inputs.model.tie_word_embeddings and inputs.model.dtype == "bfloat16"
     assert (inputs.rows, inputs.row_length, inputs.max_context) == (16, 40960, 40960)
     assert inputs.step.remat == "full" and inputs.step.scan_layers
-    small = plan_inputs(load_config_file("configs/qwen3_0_6b_musique.py"), remat="dots",
+    small = plan_inputs(to_typed(load_config_file("configs/qwen3_0_6b_musique.py"), check_files=False), remat="dots",
                         micro_batches=4)
     assert small.model.tie_word_embeddings and small.model.hidden_size == 1024
     assert (small.step.remat, small.step.micro_batches) == ("dots", 4)
