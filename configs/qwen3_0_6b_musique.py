@@ -1,9 +1,13 @@
 """The paper's MATPO run scaled to Qwen3-0.6B (one accelerator, a small slice, or a Colab runtime).
 
-  python -m matpo_jax.train --config=configs/qwen3_0_6b_musique.py --workdir=gs://...
+  python -m matpo_jax.train --config=configs/qwen3_0_6b_musique.py:checkpoint=DIR \
+      --config.data.manual_dir=M --workdir=gs://...
+  python -m matpo_jax.train --config=configs/qwen3_0_6b_musique.py:checkpoint=DIR,offline \
+      --config.data.manual_dir=M --workdir=runs/0_6b_offline
   python -m matpo_jax.plan --config=configs/qwen3_0_6b_musique.py --topology=v5e-8
 
-Every setting of configs/qwen3_4b_musique.py (same arguments: mode=matpo|single, checkpoint=DIR)
+Every setting of configs/qwen3_4b_musique.py (same arguments: mode=matpo|single, checkpoint=DIR,
+offline: the local search service over MuSiQue's paragraphs, exact-match reward)
 except the model's dimensions and the decode slots.
 """
 from pathlib import Path

@@ -3,7 +3,8 @@
   python -m matpo_jax.train --config=configs/qwen3_14b_musique.py --workdir=gs://...
   python -m matpo_jax.plan --config=configs/qwen3_14b_musique.py --topology=v5p-128
 
-Every setting of configs/qwen3_4b_musique.py (same arguments: mode=matpo|single, checkpoint=DIR)
+Every setting of configs/qwen3_4b_musique.py (same arguments: mode=matpo|single, checkpoint=DIR,
+offline: the local search service over MuSiQue's paragraphs, exact-match reward)
 except the model's dimensions and the mesh.
 """
 from pathlib import Path

@@ -1,17 +1,28 @@
 """The paper's reference MATPO run (docs/METHOD.md section 9), Qwen3-4B on MuSiQue, for a TPU pod.
 
-  python -m matpo_jax.train --config=configs/qwen3_4b_musique.py:mode=single --workdir=gs://...
+  python -m matpo_jax.train --config=configs/qwen3_4b_musique.py:checkpoint=DIR \
+      --config.data.manual_dir=M --workdir=gs://...
+  python -m matpo_jax.train --config=configs/qwen3_4b_musique.py:checkpoint=DIR,offline \
+      --config.data.manual_dir=M --workdir=...
 
-Arguments: mode=matpo|single (the single-agent GRPO baseline keeps every other setting), and
-checkpoint=DIR (a Hugging Face Qwen3-4B directory on each host). The run needs a search backend:
-set --config.tools.search_url (Serper-compatible) and the SERPER_API_KEY environment variable, and
-an OpenAI-compatible judge at --config.reward.judge_url.
+Arguments: mode=matpo|single (the single-agent GRPO baseline keeps every other setting),
+checkpoint=DIR (a Hugging Face Qwen3-4B directory on each host: weights, tokenizer and chat
+template), and offline (below). M holds musique/musique_ans_v1.0_{train,dev}.jsonl as published
+(and frames/, webwalkerqa/, gaia/ for the evaluations); the dataset is prepared once into
+data.data_dir (default <workdir>/tfds). RL starts from the checkpoint (sft.steps = 0).
+
+Online (the paper's setting): Serper search (SERPER_API_KEY in the environment), `open` fetches
+the page, an OpenAI-compatible judge at reward.judge_url (OPENAI_API_KEY) grades, evaluations on
+GAIA, FRAMES and WebWalkerQA.
+offline (Search-R1 style, no network): the local search service over MuSiQue's paragraphs
+(search and open), exact match against the answer and its aliases, evaluations on MuSiQue's
+validation split.
 """
 from matpo_jax.config import base_config, parse_arg
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, mode="matpo", checkpoint="/mnt/disks/persist/Qwen3-4B")
+    arg = parse_arg(arg, mode="matpo", checkpoint="/mnt/disks/persist/Qwen3-4B", offline=False)
     c = base_config()
 
     c.model.hf_checkpoint = arg.checkpoint  # its config.json gives the dimensions below
@@ -84,4 +95,10 @@ def get_config(arg=None):
     c.eval.split = "test"
     c.eval.num_questions = 0  # all: GAIA-text 103, FRAMES 824, WebWalkerQA 680
     c.eval.temperature = 0.0
+    if arg.offline:
+        c.tools.update(search_backend="local", search_url=None, page_backend="service",
+                       page_url=None)
+        c.rollout.async_tools = False  # the local service answers in ~1 ms
+        c.reward.update(method="exact", judge_url=None)
+        c.eval.datasets = ("musique",)  # its validation split, over the same corpus
     return c

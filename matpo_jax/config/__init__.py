@@ -17,5 +17,5 @@ from matpo_jax.config.resume import RESUME_SAFE_FIELDS, check_resume, config_cha
 from matpo_jax.config.sections import (ArchSection, DataSection, EvalSection, ExperimentConfig,
                                        MeshSection, ModelSection, RewardSection, RLSection,
                                        RolloutSection, SFTSection, ToolsSection, TrainSection,
-                                       sft_modes)
+                                       PUBLISHED_SPLITS, sft_modes)
 from matpo_jax.config.validation import to_typed, validate_config

@@ -16,6 +16,9 @@ from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT,
 
 DTYPES = ("float32", "bfloat16")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
+# The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
+PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
+                    "webwalkerqa": ("main", "silver"), "gaia": ("validation",)}
 ROLLOUT_MODES = ("matpo", "single")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
@@ -405,6 +408,8 @@ class ExperimentConfig:
         if self.sft.steps > 0 and self.sft.num_demos == 0 and not self.sft.init_checkpoint:
             problems.append(f"sft.num_demos = 0: SFT (sft.steps = {self.sft.steps}) needs "
                             f"demonstrations; set sft.steps = 0 to skip it")
+        if self.data.name != "synthetic_multihop":
+            problems += self._published_data_problems()
         if self.data.name == "synthetic_multihop":
             splits = SYNTHETIC_SPLITS + ((SYNTHETIC_SFT_SPLIT,) if self.data.sft_fraction > 0
                                          else ())
@@ -412,6 +417,31 @@ class ExperimentConfig:
                 if split not in splits:
                     problems.append(f"{path} = {split!r}: the synthetic world's splits are "
                                     f"{', '.join(splits)}")
+        return problems
+
+    def _published_data_problems(self) -> list[str]:
+        """Training on a published dataset: no scripted demonstrations, the checkpoint's
+        tokenizer, a split the dataset has, no synthetic evaluation."""
+        name = self.data.name
+        problems = []
+        if self.sft.steps > 0 and not self.sft.init_checkpoint:
+            problems.append(f"sft.steps = {self.sft.steps}: scripted SFT demonstrations exist only "
+                            f"for the synthetic world (data.name = {name!r}); set sft.steps = 0 "
+                            f"to start RL from the checkpoint")
+        if self.data.rl_skips_demonstrated:
+            problems.append(f"data.rl_skips_demonstrated: no SFT demonstrations on "
+                            f"data.name = {name!r}; set it False")
+        if not (self.model.hf_checkpoint or self.model.tokenizer):
+            problems.append(f"model.hf_checkpoint: data.name = {name!r} needs a Hugging Face "
+                            f"tokenizer (model.hf_checkpoint or model.tokenizer); only the "
+                            f"synthetic world trains its own")
+        if self.data.split not in PUBLISHED_SPLITS[name]:
+            problems.append(f"data.split = {self.data.split!r}: {name}'s splits are "
+                            f"{', '.join(PUBLISHED_SPLITS[name])}")
+        if "synthetic_multihop" in self.eval.datasets:
+            problems.append(f"eval.datasets: 'synthetic_multihop' is evaluated only in runs on "
+                            f"the synthetic world (data.name = {name!r}); list the benchmarks, "
+                            f"e.g. musique,frames")
         return problems
 
 

@@ -64,6 +64,12 @@ def answers_of(record: dict[str, Any]) -> list[str]:
     return list(record["answers"]) if "answers" in record else [record["answer"]]
 
 
+def golds_of(batch: dict[str, list]) -> list:
+    """The accepted answers of each question of a collated batch, as the rewards take them: the
+    synthetic world's one answer (text), a benchmark's list of aliases."""
+    return batch["answers"] if "answers" in batch else batch["answer"]
+
+
 class _DecodeRecord(grain.MapTransform):
     """tfds Text features arrive as bytes: decode once here, not in every consumer."""
 

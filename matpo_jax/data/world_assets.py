@@ -82,7 +82,7 @@ def _tokenizer_texts(builder, corpus_path: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _exclusive(data_dir: str):
+def exclusive(data_dir: str):
     """One builder at a time per data_dir: runs started together (seeds of a grid) share one world
     instead of racing to write it. Remote storage (gs://...) is not locked."""
     if "://" in str(data_dir):
@@ -106,30 +106,17 @@ def _exclusive(data_dir: str):
 
 def prepare_world(cfg, data_dir: str) -> WorldAssets:
     """Builds (or reuses) the dataset, corpus and tokenizer of the configured world."""
-    _check_dataset_names(cfg)
-    with _exclusive(data_dir):
+    with exclusive(data_dir):
         return _prepare_world(cfg, data_dir)
-
-
-def _check_dataset_names(cfg) -> None:
-    """The config schema lists the paper's datasets, but only the synthetic world has a builder
-    yet: fail before any work rather than train or evaluate on the wrong data."""
-    problems = [f"{field} = {name!r}: only 'synthetic_multihop' has a dataset builder in this "
-                f"release (the {name} builder, from files in data.manual_dir, is not written yet)"
-                for field, names in (("data.name", [cfg.data.name]),
-                                     ("eval.datasets", list(cfg.eval.datasets)))
-                for name in names if name != "synthetic_multihop"]
-    if problems:
-        raise ConfigError(problems)
 
 
 def _prepare_world(cfg, data_dir: str) -> WorldAssets:
     config = world_config(cfg)
-    checkpoint_tokenizer = _checkpoint_tokenizer(cfg) if configured_tokenizer(cfg) else None
+    configured = checkpoint_tokenizer(cfg) if configured_tokenizer(cfg) else None
     builder = synthetic_multihop.prepare_dataset(config, data_dir)
     corpus = synthetic_multihop.corpus_path(builder)
-    if checkpoint_tokenizer:  # checked before any work
-        tokenizer_dir, chat = checkpoint_tokenizer
+    if configured:  # checked before any work
+        tokenizer_dir, chat = configured
     else:
         tokenizer_dir = _trained_tokenizer_dir(builder, cfg)
         if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
@@ -167,7 +154,7 @@ def _trained_tokenizer_dir(builder, cfg) -> str:
     return os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{int(cfg.model.arch.vocab_size)}")
 
 
-def _checkpoint_tokenizer(cfg) -> tuple[str, ChatFormat]:
+def checkpoint_tokenizer(cfg) -> tuple[str, ChatFormat]:
     """The configured tokenizer, checked against the model's vocabulary (one line on error)."""
     field, path = configured_tokenizer(cfg)
     try:

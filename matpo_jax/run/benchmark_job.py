@@ -148,9 +148,25 @@ def _corpus(cfg, options, specs, data_dir, world_assets) -> str | None:
                      "(JSONL of id/title/contents), or set tools.search_url to a search service")
 
 
-def _output_name(name: str, config) -> str:
+def output_name(name: str, config) -> str:
     config = config if config is None or isinstance(config, str) else config.name
     return name if not config else re.sub(r"\W", "_", f"{name}_{config}")
+
+
+def evaluate_benchmark(label: str, questions, *, model_state, graphdef, chat, toolbox,
+                       rollout_cfg, seed: int, grader, samples: int, out_dir: str,
+                       batch_size: int) -> dict:
+    """One dataset's questions rolled out `samples` times, graded and written to `out_dir`
+    (resuming what is there); its summary per group (benchmark_report.summarize)."""
+    sample = benchmark_eval.rollout_sampler(model_state, graphdef, chat, toolbox, rollout_cfg,
+                                            seed, label)
+    results = benchmark_eval.evaluate_dataset(questions, sample, grader, samples=samples,
+                                              out_dir=out_dir, batch_size=batch_size,
+                                              decode=chat.decode)
+    summary = benchmark_report.summarize(results)
+    log.info("%s: avg@%d %.3f over %d questions", label, samples,
+             summary[benchmark_report.ALL].avg_at_k, len(results))
+    return summary
 
 
 # ----------------------------------------------------------------------------- the job
@@ -192,16 +208,12 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
             log.info("local search service over %s", corpus)
         toolbox = make_toolbox(cfg.tools, server.url if server is not None else None)
         for (name, config), qs in questions.items():
-            label = _output_name(name, config)
-            sample = benchmark_eval.rollout_sampler(model_state, graphdef, chat, toolbox,
-                                                    rollout_cfg, cfg.train.seed, label)
-            results = benchmark_eval.evaluate_dataset(
-                qs, sample, grader, samples=options.samples,
-                out_dir=os.path.join(options.workdir, label), batch_size=batch_size,
-                decode=chat.decode)
-            summaries[label] = benchmark_report.summarize(results)
-            log.info("%s: avg@%d %.3f over %d questions", label, options.samples,
-                     summaries[label][benchmark_report.ALL].avg_at_k, len(results))
+            label = output_name(name, config)
+            summaries[label] = evaluate_benchmark(
+                label, qs, model_state=model_state, graphdef=graphdef, chat=chat,
+                toolbox=toolbox, rollout_cfg=rollout_cfg, seed=cfg.train.seed, grader=grader,
+                samples=options.samples, out_dir=os.path.join(options.workdir, label),
+                batch_size=batch_size)
     if jax.process_index() == 0:
         header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}; "
                   f"mode: {rollout_cfg.mode}; samples: {options.samples}; temperature: "

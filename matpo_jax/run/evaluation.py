@@ -31,7 +31,7 @@ def eval_selection(eval_cfg: EvalSection, split_sizes: Mapping[str, int]) -> tup
 
 def eval_records(rt: Runtime) -> list[dict]:
     """The evaluation questions (see `eval_selection`)."""
-    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[rt.cfg.eval.split]
+    source = rt.assets.source(rt.cfg.eval.split)
     split, count = eval_selection(rt.cfg.eval, {rt.cfg.eval.split: len(source)})
     return [loader_lib.decode_record(source[i]) for i in range(count)]
 

@@ -1,4 +1,8 @@
-"""One whole run: world -> search service -> model -> SFT -> eval -> RL -> eval -> plots.
+"""One whole run: task -> search service -> model -> SFT -> eval -> RL -> eval -> plots.
+
+The task (data/task_assets.py) is the synthetic world, or a published dataset (data.name =
+musique: its train split, its paragraph corpus, the checkpoint's tokenizer); evaluation covers
+eval.datasets (run/run_eval.py).
 
 Every phase resumes from its own checkpoints, so re-running the same command after a crash or a
 preemption continues where the run stopped; the workdir's config.json is compared with the new
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import contextlib
 import os
 from typing import Iterable
 
@@ -16,11 +21,11 @@ import jax
 
 from matpo_jax import config as config_lib
 from matpo_jax.config import DataSection, ExperimentConfig
-from matpo_jax.data.world_assets import prepare_world
+from matpo_jax.data.task_assets import prepare_task
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
 from matpo_jax.report.files import write_json_atomic
-from matpo_jax.run.evaluation import evaluate
+from matpo_jax.run.run_eval import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
 from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
 from matpo_jax.run.sft import run_sft
@@ -31,8 +36,19 @@ SUMMARY_FILE = "summary.json"
 
 
 def world_data_dir(data: DataSection, workdir: str) -> str:
-    """Where the world's dataset, corpus and tokenizer live: data.data_dir, or <workdir>/tfds."""
+    """Where the run's dataset, corpus (and a trained tokenizer) live: data.data_dir, or
+    <workdir>/tfds."""
     return data.data_dir or os.path.join(workdir, "tfds")
+
+
+def uses_local_service(cfg: ExperimentConfig, assets) -> bool:
+    """Whether the tools read the local search service (over the task's corpus): `search` with
+    tools.search_backend = local, or `open` from the page service without a page_url."""
+    if not assets.corpus_path:
+        return False
+    tools = cfg.tools
+    return tools.search_backend == "local" or (tools.page_backend == "service"
+                                               and not tools.page_url)
 
 
 def _cached_eval(rt: Runtime, tag: str, compute):
@@ -67,10 +83,15 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
     if jax.process_index() == 0:
         config_lib.save_config(cfg, workdir)
     mesh = make_mesh(cfg)
-    assets = prepare_world(cfg, world_data_dir(cfg.data, workdir))
-    with SearchServer(assets.corpus_path) as server:
+    assets = prepare_task(cfg, world_data_dir(cfg.data, workdir))
+    with contextlib.ExitStack() as services:
+        server = (services.enter_context(SearchServer(assets.corpus_path))
+                  if uses_local_service(cfg, assets) else None)
+        if server is not None:
+            log.info("local search service over %s", assets.corpus_path)
         rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets, chat=assets.chat,
-                     toolbox=make_toolbox(cfg.tools, server.url), judge=make_judge(cfg.reward))
+                     toolbox=make_toolbox(cfg.tools, server.url if server else None),
+                     judge=make_judge(cfg.reward))
         primary = jax.process_index() == 0
         model = build_model(cfg, mesh)
         with metrics_lib.MetricsWriter(rt.path("sft"), enabled=primary) as sft_writer:
@@ -78,7 +99,7 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
         if cfg.train.steps == 0:  # an SFT-only run: a shared start for other runs
             log.info("train.steps = 0: SFT only, checkpoints in %s", rt.path("checkpoints", "sft"))
             return _write_summary(rt, {"workdir": os.path.abspath(workdir), "sft_only": True})
-        eval_fn = lambda g, s, tag: evaluate(rt, g, s, tag=tag)  # noqa: E731
+        eval_fn = lambda g, s, tag: evaluate_run(rt, g, s, tag=tag)  # noqa: E731
         sft_eval = _cached_eval(rt, "sft", lambda: eval_fn(graphdef, model_state(sft_state), "sft"))
         resume_step = latest_rl_step(rt)
         with metrics_lib.MetricsWriter(workdir, enabled=primary, resume_step=resume_step) as writer:

@@ -61,7 +61,7 @@ def rl_batch(rt: Runtime, rollouts, golds, questions, loss_cfg, row_multiple: in
 def rl_question_source(rt: Runtime):
     """The train split, less the questions SFT demonstrated when data.rl_skips_demonstrated."""
     cfg = rt.cfg
-    train = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[cfg.data.split]
+    train = rt.assets.source(cfg.data.split)
     if not cfg.data.rl_skips_demonstrated or sft_lib.demonstration_split(cfg) != cfg.data.split:
         return train
     demonstrated = set(sft_lib.demonstrated_indices(cfg, len(train)).tolist())
@@ -125,7 +125,7 @@ class _RLSteps:
                                      self.batch_q["question"], self.rcfg,
                                      rng_for(cfg.train.seed, 1, step))
         t1 = time.perf_counter()
-        batch, metrics = rl_batch(rt, rollout_batch.rollouts, self.batch_q["answer"],
+        batch, metrics = rl_batch(rt, rollout_batch.rollouts, loader_lib.golds_of(self.batch_q),
                                   self.batch_q["question"], self.scfg.loss,
                                   self.scfg.row_multiple(rt.mesh))
         if self.reference is not None:

@@ -18,7 +18,7 @@ from matpo_jax import parallel
 from matpo_jax.chat import ChatFormat
 from matpo_jax.config import (ExperimentConfig, MeshSection, ModelSection, RewardSection,
                               RLSection, RolloutSection, ToolsSection)
-from matpo_jax.data.world_assets import WorldAssets
+from matpo_jax.data.task_assets import TaskAssets
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, load_pretrained
 from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
@@ -34,7 +34,7 @@ class Runtime:
     cfg: ExperimentConfig  # validated (config.to_typed)
     workdir: str
     mesh: jax.sharding.Mesh
-    assets: WorldAssets
+    assets: TaskAssets  # the dataset, corpus and tokenizer of data.name
     chat: ChatFormat
     toolbox: tools_lib.ToolBox  # search + open for workers and the single agent
     judge: LLMJudge | None = None  # when reward.method == "judge"

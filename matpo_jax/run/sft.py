@@ -47,7 +47,7 @@ def demonstrated_indices(cfg, num_records: int) -> np.ndarray:
 
 def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     cfg = rt.cfg
-    source = loader_lib.open_source(rt.assets.config, rt.assets.data_dir)[demonstration_split(cfg)]
+    source = rt.assets.source(demonstration_split(cfg))
     order = demonstrated_indices(cfg, len(source))
     questions = [question_from_record(loader_lib.decode_record(source[int(i)])) for i in order]
     max_chars = int(cfg.tools.max_response_chars)

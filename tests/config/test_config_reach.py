@@ -9,6 +9,7 @@ coordinator tightens them to that code's own consumer after merging.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -114,7 +115,8 @@ def rl_questions(cfg):
     questions (SFT-demonstrated ones left out with data.rl_skips_demonstrated)."""
     sources = {split: list(range(400)) for split in ("train", "validation", "test", "sft")}
     made = []
-    rt = types.SimpleNamespace(cfg=cfg, assets=types.SimpleNamespace(config=None, data_dir=None))
+    rt = types.SimpleNamespace(cfg=cfg, assets=types.SimpleNamespace(
+        source=lambda split: rl_phase.loader_lib.open_source()[split]))
     with mock.patch.object(rl_phase.loader_lib, "open_source", lambda *a, **k: sources), \
             mock.patch.object(rl_phase.loader_lib, "SubsetSource",
                               lambda source, indices: ("subset", tuple(indices))), \
@@ -123,6 +125,40 @@ def rl_questions(cfg):
                                   (split, batch_size, seed, source))):
         rl_phase.question_loader(rt)
     return made
+
+
+def task(cfg):
+    """What the run's task assets prepare (data/task_assets.py): the synthetic world, or a
+    published dataset from its manual dir (nothing is built here)."""
+    from matpo_jax.data import task_assets
+    calls = []
+    fake_builder = types.SimpleNamespace(data_dir="/data/tfds/musique/ans/1.0.0")
+    published = types.SimpleNamespace(prepare_dataset=lambda config, manual_dir, data_dir: (
+        calls.append(("published", config, manual_dir, data_dir)) or fake_builder))
+    world = types.SimpleNamespace(config="world", corpus_path="c", tokenizer_dir="t", chat=None)
+    with mock.patch.object(task_assets.world_assets_lib, "prepare_world",
+                           lambda cfg, data_dir: calls.append(("world", data_dir)) or world), \
+            mock.patch.object(task_assets.world_assets_lib, "checkpoint_tokenizer",
+                              lambda cfg: ("/ckpt/tokenizer", None)), \
+            mock.patch.object(task_assets.world_assets_lib, "exclusive",
+                              lambda data_dir: contextlib.nullcontext()), \
+            mock.patch.dict(task_assets.loader_lib.PUBLISHED,
+                            {"musique": (published, "ans", "validation")}):
+        assets = task_assets.prepare_task(cfg, "/data/tfds")
+    return calls, assets.name, assets.corpus_path
+
+
+def evaluated_datasets(cfg):
+    """The datasets run/run_eval.py evaluates (each a benchmark-evaluator call, nothing run)."""
+    from matpo_jax.run import run_eval
+    calls = []
+    rt = types.SimpleNamespace(cfg=cfg, path=lambda *parts: "/".join(("/runs/x",) + parts))
+    with mock.patch.object(run_eval, "evaluate", lambda *a, **k: calls.append("synthetic") or {}), \
+            mock.patch.object(run_eval, "_benchmark_metrics",
+                              lambda rt, g, s, tag, names: calls.append(tuple(names)) or {}), \
+            mock.patch.object(run_eval, "write_json_atomic", lambda *a, **k: None):
+        run_eval.evaluate_run(rt, None, None, tag="final")
+    return calls
 
 
 def rl_batches(cfg):
@@ -152,9 +188,10 @@ def pending(owner: str, section: str):
 
 
 LOOP = "loop: run/sft.py, run/rl.py, run/copy_pretraining.py"
-DATASETS = "datasets: data/ (dataset builders, manual downloads)"
 JUDGE = {"reward.method": "judge", "reward.judge_url": "http://127.0.0.1:1/v1"}
 REMOTE = {"tools.search_url": "http://127.0.0.1:2"}
+# What a run on a published dataset needs (both configs): no SFT, a tokenizer, benchmark evals.
+PUBLISHED_RUN = {"sft.steps": 0, "model.tokenizer": "/ckpt/tokenizer", "eval.datasets": ("musique",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +217,10 @@ REACH: dict[str, Reach] = {
     "mesh.data": Reach(mesh_shape, 2),
     "mesh.fsdp": Reach(mesh_shape, 2, {"mesh.data": -1, "mesh.fsdp": 1}),
     "mesh.tensor": Reach(mesh_shape, 2),
-    "data.name": Reach(pending(DATASETS, "data")),
+    "data.name": Reach(task, "musique", PUBLISHED_RUN),
     "data.split": Reach(rl_questions, "test"),
     "data.data_dir": Reach(data_dir, "/data/tfds"),
-    "data.manual_dir": Reach(pending(DATASETS, "data"), "/data/manual"),
+    "data.manual_dir": Reach(task, "/data/manual", {**PUBLISHED_RUN, "data.name": "musique"}),
     "data.batch_size": Reach(rl_questions),
     "data.shuffle_seed": Reach(rl_questions),
     "data.rl_skips_demonstrated": Reach(rl_questions, None, {"sft.num_demos": 100}),
@@ -237,7 +274,7 @@ REACH: dict[str, Reach] = {
         "max_nonfinite_steps")},
     "train.eval_every": Reach(pending(LOOP, "train")),
     "train.remat": Reach(rl_step, "full"),
-    "eval.datasets": Reach(pending(DATASETS, "eval"), ("synthetic_multihop", "frames")),
+    "eval.datasets": Reach(evaluated_datasets, ("synthetic_multihop", "frames")),
     "eval.split": Reach(eval_questions, "test"),
     "eval.num_questions": Reach(eval_questions),
     "eval.temperature": Reach(eval_rollouts),
@@ -280,13 +317,13 @@ def test_changing_the_field_changes_what_its_consumer_receives(path):
 
 
 def test_pending_entries_are_marked():
-    """The section-level entries are the loops', the dataset builders' and the HF loader's, and
-    only those: everything consumed in this branch's code has a probe of its own."""
+    """The section-level entries are the loops', and only those: everything else has a probe
+    of its own."""
     owners = {path: getattr(r.probe, "pending", None) for path, r in REACH.items()}
     by_owner = {}
     for path, owner in owners.items():
         by_owner.setdefault(owner, []).append(path)
-    assert set(by_owner) == {None, LOOP, DATASETS}
+    assert set(by_owner) == {None, LOOP}
     assert len(by_owner[None]) > len(schema()) // 2
 
 

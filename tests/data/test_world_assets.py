@@ -28,21 +28,6 @@ def test_concurrent_runs_share_one_world(tmp_path):
         tmp_path / "synthetic_multihop")[0]) if n.startswith("incomplete")]
 
 
-def test_datasets_without_a_builder_are_refused_before_any_work(tmp_path):
-    import pytest
-    from matpo_jax.config import ConfigError, apply_overrides, load_config_file
-    from matpo_jax.data.world_assets import prepare_world
-    cfg = load_config_file(os.path.join(REPO, "configs", "qwen3_4b_musique.py"))
-    with pytest.raises(ConfigError) as error:
-        prepare_world(cfg, str(tmp_path))
-    assert "data.name = 'musique': only 'synthetic_multihop'" in str(error.value)
-    cfg = apply_overrides(load_config_file(os.path.join(REPO, "configs", "synthetic_tiny.py")),
-                          {"eval.datasets": ("synthetic_multihop", "frames")})
-    with pytest.raises(ConfigError, match=r"eval.datasets = 'frames'"):
-        prepare_world(cfg, str(tmp_path))
-    assert not os.listdir(tmp_path)
-
-
 def test_a_data_dir_without_a_writable_lock_is_used_read_only(tmp_path):
     """A complete data dir on read-only storage: the lock file cannot be opened for writing
     (here: a directory stands where it would be), and the world is read without it."""
@@ -50,6 +35,6 @@ def test_a_data_dir_without_a_writable_lock_is_used_read_only(tmp_path):
 
     (tmp_path / ".prepare.lock").mkdir()
     entered = []
-    with world_assets._exclusive(str(tmp_path)):
+    with world_assets.exclusive(str(tmp_path)):
         entered.append(True)
     assert entered == [True]

@@ -6,6 +6,7 @@ import pytest
 
 from matpo_jax.config import base_config
 from matpo_jax.data import synthetic_multihop
+from matpo_jax.data.task_assets import TaskAssets
 from matpo_jax.data.loader import decode_record, make_loader, open_source
 from matpo_jax.run.rl import rl_question_source
 from matpo_jax.run.sft import demonstrated_indices
@@ -16,7 +17,9 @@ def assets(tmp_path_factory):
     config = synthetic_multihop.make_config(seed=3, num_entities=60, num_questions=200, noise=0.3)
     data_dir = tmp_path_factory.mktemp("tfds")
     synthetic_multihop.prepare_dataset(config, data_dir)
-    return SimpleNamespace(config=config, data_dir=data_dir)
+    # the world's dataset only: these tests read questions, no corpus or tokenizer
+    return TaskAssets(name="synthetic_multihop", config=config, data_dir=str(data_dir),
+                      corpus_path=None, tokenizer_dir="", chat=None)
 
 
 @pytest.fixture
