@@ -33,7 +33,8 @@ from matpo_jax.run.rl import model_state  # noqa: E402
 from matpo_jax.run.runtime import Runtime, build_model, make_mesh, make_toolbox  # noqa: E402
 from matpo_jax.run.sft import build_sft_sequences, run_sft, tool_text  # noqa: E402
 from matpo_jax.data.sft_data import copy_token_mask  # noqa: E402
-from matpo_jax.data.world_assets import prepare_world, question_from_record  # noqa: E402
+from matpo_jax.data.task_assets import prepare_task  # noqa: E402
+from matpo_jax.data.world_assets import question_from_record  # noqa: E402
 
 VALIDATION_QUESTIONS = 64  # oracle demonstrations scored teacher-forced
 ROWS = 8  # demonstrations per forward pass
@@ -48,7 +49,7 @@ def main() -> None:
     os.makedirs(work, exist_ok=True)
     out = {"tag": tag, "override": override}
     started = time.time()
-    assets = prepare_world(cfg, os.environ.get("TFDS", "/tmp/matpo_tfds"))
+    assets = prepare_task(cfg, os.environ.get("TFDS", "/tmp/matpo_tfds"))
     with SearchServer(assets.corpus_path) as server:
         rt = Runtime(cfg=cfg, workdir=work, mesh=make_mesh(cfg), assets=assets, chat=assets.chat,
                      toolbox=make_toolbox(cfg.tools, server.url))

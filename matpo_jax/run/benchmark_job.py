@@ -76,11 +76,17 @@ def checkpoint_directory(path: str) -> tuple[str, int | None]:
     return path, None
 
 
+def is_hf_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json")) and any(
+        name.endswith((".safetensors", ".safetensors.index.json")) for name in os.listdir(path))
+
+
 def restore_model(cfg, mesh, checkpoint: str | None):
     """(graphdef, model state) of `model.*` with the checkpoint's parameters. A directory with a
-    config.json is a Hugging Face checkpoint; anything else is read as an Orbax checkpoint of this
-    code's trainer (only the parameters; the optimizer state is not read)."""
-    if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")):
+    config.json and safetensors weights is a Hugging Face checkpoint; anything else (a run's
+    workdir, whose config.json is the run's config, included) is read as an Orbax checkpoint of
+    this code's trainer (only the parameters; the optimizer state is not read)."""
+    if checkpoint and is_hf_checkpoint(checkpoint):
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
                                                                  hf_checkpoint=checkpoint))
         return nnx.split(build_model(cfg, mesh))

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from fault_server import FaultServer, hang, redirect, send, slow_headers, trickle_body
+from fixtures.fault_server import FaultServer, hang, redirect, send, slow_headers, trickle_body
 from matpo_jax.tools.clients import (CLIENT_ERROR, TIMEOUT, TOO_MANY_REDIRECTS, HttpPolicy,
                                      PageReader, SerperSearch)
 

@@ -6,8 +6,8 @@ import collections
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from fault_server import (FaultServer, drop, garbage, hang, redirect, send, slow_headers,
-                          trickle_body)
+from fixtures.fault_server import (FaultServer, drop, garbage, hang, redirect, send,
+                                   slow_headers, trickle_body)
 from matpo_jax.tools.addresses import AddressPolicy
 from matpo_jax.tools.clients import HttpPolicy, SerperSearch, ToolMetrics
 from matpo_jax.tools.transport import HttpTransport

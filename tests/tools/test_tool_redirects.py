@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from fault_server import FaultServer, redirect, send
+from fixtures.fault_server import FaultServer, redirect, send
 from matpo_jax.tools.addresses import AddressPolicy, BlockedUrl
 from matpo_jax.tools.clients import (BLOCKED_URL, CONNECTION_ERROR, HttpPolicy, PageReader,
                                      RetrievalSearch, SerperSearch, worker_toolbox)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fault_server import FaultServer, gzip_bomb, huge, redirect, send
+from fixtures.fault_server import FaultServer, gzip_bomb, huge, redirect, send
 from matpo_jax.tools import counts_since
 from matpo_jax.tools.addresses import AddressPolicy
 from matpo_jax.tools.clients import (BAD_ARGUMENTS, BLOCKED_URL, PROTOCOL_ERROR,
