@@ -19,7 +19,7 @@ import os
 from matpo_jax.chat import ChatFormat
 from matpo_jax.config import ConfigError
 from matpo_jax.data import loader as loader_lib
-from matpo_jax.data import musique
+from matpo_jax.data import musique, published
 from matpo_jax.data import world_assets as world_assets_lib
 
 
@@ -64,9 +64,18 @@ def _prepare_published(cfg, data_dir: str) -> TaskAssets:
     tokenizer_dir, chat = world_assets_lib.checkpoint_tokenizer(cfg)  # checked before any work
     config = loader_lib.PUBLISHED[name][1]
     own_manual_dir = os.path.join(cfg.data.manual_dir, name) if cfg.data.manual_dir else None
-    with world_assets_lib.exclusive(data_dir):  # runs started together build it once
-        builder = loader_lib.PUBLISHED[name][0].prepare_dataset(
-            config, manual_dir=own_manual_dir, data_dir=data_dir)
+    try:
+        with world_assets_lib.exclusive(data_dir):  # runs started together build it once
+            builder = loader_lib.PUBLISHED[name][0].prepare_dataset(
+                config, manual_dir=own_manual_dir, data_dir=data_dir)
+    except published.DatasetFileError as error:
+        if not cfg.data.manual_dir:
+            raise ConfigError(f"data.manual_dir: not set, and {name} is not prepared in "
+                              f"{data_dir}; set it to the folder that holds {name}/ (the files "
+                              f"as published)") from None
+        raise ConfigError(f"data.manual_dir: {error}") from None
+    except published.DatasetRowError as error:
+        raise ConfigError(f"data.manual_dir: {error}") from None
     corpus = musique.corpus_path(builder) if name == "musique" else None
     if corpus is None and cfg.tools.search_backend == "local":
         raise ConfigError(f"tools.search_backend = 'local': data.name = {name!r} has no corpus "
