@@ -48,13 +48,13 @@ def local_dir_for(path: str | os.PathLike, *parts: str) -> str:
     """`path`/`parts` when local; for a URI, a folder on this machine standing in for it, for what
     must live on a local disk (the world's TFDS records, corpus and tokenizer, which array_record,
     the search service and the tokenizer read as local files). The same URI always maps to the
-    same folder, so a rerun on the same host finds what it prepared."""
+    same folder ($XDG_CACHE_HOME or ~/.cache, then matpo_jax/<scheme>/<bucket>/<path>), so a rerun
+    on the same host finds what it prepared."""
     if not is_remote(path):
         return os.path.join(path, *parts)
     scheme, _, rest = os.fspath(path).partition("://")
-    cache = os.environ.get("MATPO_LOCAL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "matpo_jax")
-    return os.path.join(cache, scheme, *[p for p in rest.split("/") if p], *parts)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "matpo_jax", scheme, *[p for p in rest.split("/") if p], *parts)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
