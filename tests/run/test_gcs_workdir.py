@@ -185,3 +185,38 @@ def test_orbax_checkpoints_on_gcs(gcs_server, gcs_root):
         restored = checkpoints.restore_latest(params, opt_state)
     assert restored.step == 2 and restored.data_state == {"position": 6}
     np.testing.assert_array_equal(np.asarray(restored.params["w"]), np.asarray(params["w"]) * 2)
+
+
+def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gcs_root, tmp_path):
+    """The whole job (synthetic_tiny shrunk as test_end_to_end shrinks it, fewer steps) with its
+    workdir on gs://; the same command again resumes from what is there: it reads config.json,
+    the checkpoints and the evaluations back and trains nothing again."""
+    from test_end_to_end import shrink
+
+    from matpo_jax.run.experiment import run_experiment
+
+    workdir = f"{gcs_root}/run"
+    overrides = shrink(str(tmp_path / "tfds"), 1) + ",sft.steps=2,eval.num_questions=2"
+    cfg = to_typed(load_config_file(TINY, overrides))
+    summary = run_experiment(cfg, workdir)
+    assert summary["workdir"] == workdir
+    names = set(list_objects(gcs_server, workdir))
+    for name in ("config.json", "summary.json", "metrics.jsonl", "consumed.jsonl",
+                 "sft/metrics.jsonl", "eval/sft.json", "eval/final.json", "eval/sft_samples.txt",
+                 "eval/final_samples.txt", "plots/overview.png", "plots/sft/overview.png"):
+        assert f"{workdir}/{name}" in names, name
+    for prefix in ("tensorboard/events.", "sft/tensorboard/events.", "checkpoints/sft/2/params/",
+                   "checkpoints/rl/1/params/"):
+        assert any(n.startswith(f"{workdir}/{prefix}") for n in names), prefix
+    assert json.loads(read_object(gcs_server, f"{workdir}/summary.json")) == summary
+    assert [r["step"] for r in jsonl(read_object(gcs_server, f"{workdir}/consumed.jsonl"))] == [1]
+    metrics = read_object(gcs_server, f"{workdir}/metrics.jsonl")
+
+    assert run_experiment(cfg, workdir) == summary  # evaluations read back, not run again
+    assert [r["step"] for r in jsonl(read_object(gcs_server, f"{workdir}/consumed.jsonl"))] == [1]
+    records = metrics_lib.load_metrics(f"{workdir}/metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == [1]  # RL step 1 not trained again
+    assert len(jsonl(read_object(gcs_server, f"{workdir}/metrics.jsonl"))) == \
+        len(jsonl(metrics)) + 2  # the rerun logs the cached evaluations again (steps 0 and 1)
+    with pytest.raises(ConfigError, match=f"the run in {workdir} has"):
+        run_experiment(to_typed(load_config_file(TINY, overrides + ",rl.lr=0.5")), workdir)
