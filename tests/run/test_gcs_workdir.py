@@ -220,3 +220,17 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
         len(jsonl(metrics)) + 2  # the rerun logs the cached evaluations again (steps 0 and 1)
     with pytest.raises(ConfigError, match=f"the run in {workdir} has"):
         run_experiment(to_typed(load_config_file(TINY, overrides + ",rl.lr=0.5")), workdir)
+
+    # Export reads the gs:// run (config.json, the Orbax checkpoint) and writes a gs:// folder.
+    from safetensors.numpy import load as load_safetensors
+
+    from matpo_jax.run.export import export_checkpoint
+
+    out = f"{gcs_root}/export"
+    exported = export_checkpoint(f"{workdir}/checkpoints/rl", out)
+    assert exported.step == 1
+    assert {f"{out}/{name}" for name in ("config.json", "model.safetensors", "tokenizer.json",
+                                         "generation_config.json")} <= set(list_objects(gcs_server, out))
+    weights = load_safetensors(read_object(gcs_server, f"{out}/model.safetensors"))
+    assert json.loads(read_object(gcs_server, f"{out}/config.json"))["hidden_size"] == 32
+    assert all(np.isfinite(w).all() for w in weights.values()) and len(weights) > 5
