@@ -234,3 +234,13 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
     weights = load_safetensors(read_object(gcs_server, f"{out}/model.safetensors"))
     assert json.loads(read_object(gcs_server, f"{out}/config.json"))["hidden_size"] == 32
     assert all(np.isfinite(w).all() for w in weights.values()) and len(weights) > 5
+
+
+def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):
+    from matpo_jax.config.cli import check_workdir
+
+    assert check_workdir(f"{gcs_root}/run") == f"{gcs_root}/run"
+    assert not list_objects(gcs_server, gcs_root)  # the probe object is gone again
+    with pytest.raises(ConfigError, match=r"^--workdir=gs://no-such-bucket/run: cannot write "
+                                          r"there \(.+\)$"):
+        check_workdir("gs://no-such-bucket/run")
