@@ -187,7 +187,8 @@ def test_orbax_checkpoints_on_gcs(gcs_server, gcs_root):
     np.testing.assert_array_equal(np.asarray(restored.params["w"]), np.asarray(params["w"]) * 2)
 
 
-def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gcs_root, tmp_path):
+def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gcs_root, tmp_path,
+                                                                 compilation_cache_dir):
     """The whole job (synthetic_tiny shrunk as test_end_to_end shrinks it, fewer steps) with its
     workdir on gs://; the same command again resumes from what is there: it reads config.json,
     the checkpoints and the evaluations back and trains nothing again."""
