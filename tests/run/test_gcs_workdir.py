@@ -245,3 +245,18 @@ def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):
     with pytest.raises(ConfigError, match=r"^--workdir=gs://no-such-bucket/run: cannot write "
                                           r"there \(.+\)$"):
         check_workdir("gs://no-such-bucket/run")
+
+    # The benchmark job reads the gs:// run's newest checkpoint and writes its outputs to gs://.
+    from matpo_jax.run import benchmark_job
+
+    bench = f"{gcs_root}/bench"
+    numbers = benchmark_job.run_benchmarks(cfg, benchmark_job.BenchmarkOptions(
+        datasets=["synthetic_multihop"], workdir=bench, checkpoint=f"{workdir}/checkpoints/rl",
+        num_questions=2, grader="exact"))
+    assert numbers["synthetic_multihop"]["all"]["questions"] == 2
+    results = jsonl(read_object(gcs_server, f"{bench}/synthetic_multihop/{be.RESULTS_FILE}"))
+    assert len(results) == 2 and all(r["grader"] == "exact" for r in results)
+    assert len(jsonl(read_object(gcs_server, f"{bench}/synthetic_multihop/"
+                                             f"{be.TRANSCRIPTS_FILE}"))) == 2
+    assert "| synthetic_multihop | all | 2 |" in read_object(
+        gcs_server, f"{bench}/{benchmark_report.REPORT_MD}").decode()
