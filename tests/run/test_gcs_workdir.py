@@ -1,6 +1,7 @@
-"""A run's files on a gs:// workdir, against a real GCS server on 127.0.0.1 (gcp-storage-emulator):
-each writer puts objects with the right content, the readers of a resume read them back, and
-nothing lands in a local ./gs:/ folder. Every object is read back through the server's own API."""
+"""A run's files on a gs:// workdir, against a real GCS server on 127.0.0.1 (fake-gcs-server, see
+fixtures/gcs_emulator.py): each writer puts objects with the right content, the readers of a
+resume read them back, and nothing lands in a local ./gs:/ folder. Every object is read back
+through the server's own API, not through the code under test."""
 from __future__ import annotations
 
 import json
