@@ -162,7 +162,8 @@ def test_interrupted_benchmark_evaluation_resumes_on_gcs(gcs_server, gcs_root, t
     table = benchmark_report.write_report(f"{gcs_root}/bench", summaries, "# header")
     assert read_object(gcs_server, f"{gcs_root}/bench/{benchmark_report.REPORT_MD}").decode() \
         == "# header\n\n" + table
-    numbers = json.loads(read_object(gcs_server, f"{gcs_root}/bench/{benchmark_report.REPORT_JSON}"))
+    report_json = f"{gcs_root}/bench/{benchmark_report.REPORT_JSON}"
+    numbers = json.loads(read_object(gcs_server, report_json))
     assert numbers["gaia"]["all"]["avg_at_k"] == pytest.approx(0.5)
 
 
@@ -231,21 +232,12 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
     out = f"{gcs_root}/export"
     exported = export_checkpoint(f"{workdir}/checkpoints/rl", out)
     assert exported.step == 1
-    assert {f"{out}/{name}" for name in ("config.json", "model.safetensors", "tokenizer.json",
-                                         "generation_config.json")} <= set(list_objects(gcs_server, out))
+    exported_names = {f"{out}/{name}" for name in ("config.json", "model.safetensors",
+                                                   "tokenizer.json", "generation_config.json")}
+    assert exported_names <= set(list_objects(gcs_server, out))
     weights = load_safetensors(read_object(gcs_server, f"{out}/model.safetensors"))
     assert json.loads(read_object(gcs_server, f"{out}/config.json"))["hidden_size"] == 32
     assert all(np.isfinite(w).all() for w in weights.values()) and len(weights) > 5
-
-
-def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):
-    from matpo_jax.config.cli import check_workdir
-
-    assert check_workdir(f"{gcs_root}/run") == f"{gcs_root}/run"
-    assert not list_objects(gcs_server, gcs_root)  # the probe object is gone again
-    with pytest.raises(ConfigError, match=r"^--workdir=gs://no-such-bucket/run: cannot write "
-                                          r"there \(.+\)$"):
-        check_workdir("gs://no-such-bucket/run")
 
     # The benchmark job reads the gs:// run's newest checkpoint and writes its outputs to gs://.
     from matpo_jax.run import benchmark_job
@@ -261,3 +253,13 @@ def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):
                                              f"{be.TRANSCRIPTS_FILE}"))) == 2
     assert "| synthetic_multihop | all | 2 |" in read_object(
         gcs_server, f"{bench}/{benchmark_report.REPORT_MD}").decode()
+
+
+def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):
+    from matpo_jax.config.cli import check_workdir
+
+    assert check_workdir(f"{gcs_root}/run") == f"{gcs_root}/run"
+    assert not list_objects(gcs_server, gcs_root)  # the probe object is gone again
+    with pytest.raises(ConfigError, match=r"^--workdir=gs://no-such-bucket/run: cannot write "
+                                          r"there \(.+\)$"):
+        check_workdir("gs://no-such-bucket/run")
