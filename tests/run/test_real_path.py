@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from fixtures.compile_cache import cache_env
 from fixtures.fault_server import FaultServer, send
 from fixtures.hf_models import ScriptedTurns, build_scripted_qwen3
 from matpo_jax.chat import format_tool_call
@@ -59,8 +60,9 @@ def shrink(checkpoint: str, judge_url: str) -> list[str]:
     ]
 
 
-def run(module: str, flags: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def run(module: str, flags: list[str], cache_dir: str) -> subprocess.CompletedProcess:
+    # one persistent compilation cache: evaluate loads the sampler training compiled
+    env = dict(os.environ, PYTHONPATH=str(REPO), **cache_env(cache_dir))
     done = subprocess.run([sys.executable, "-m", module, *flags], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -94,13 +96,14 @@ def _ids(name: str) -> list[str]:
 
 
 def test_qwen3_checkpoint_trains_on_musique_then_evaluates_on_the_benchmarks(
-        checkpoint, site, judge_server, tmp_path):
+        checkpoint, site, judge_server, compilation_cache_dir, tmp_path):
     workdir, bench = tmp_path / "run", tmp_path / "bench"
     config = f"--config={CONFIG}:checkpoint={checkpoint.path},offline"
     overrides = [f"--config.{o}" for o in shrink(checkpoint.path, judge_server.url)]
 
     # ---- 2 MATPO RL steps on MuSiQue, offline
-    trained = run("matpo_jax.train", [config, *overrides, f"--workdir={workdir}"])
+    trained = run("matpo_jax.train", [config, *overrides, f"--workdir={workdir}"],
+                  compilation_cache_dir)
     records = metrics_lib.load_metrics(str(workdir / "metrics.jsonl"))
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -146,7 +149,7 @@ def test_qwen3_checkpoint_trains_on_musique_then_evaluates_on_the_benchmarks(
         config, *overrides, "--config.tools.page_backend=fetch",
         f"--config.tools.page_url={site.url}",  # a configured local service: allow-listed
         f"--corpus={corpus}", f"--checkpoint={workdir}", "--datasets=frames,webwalkerqa,gaia",
-        "--num_questions=2", f"--workdir={bench}"])
+        "--num_questions=2", f"--workdir={bench}"], compilation_cache_dir)
     table = (bench / "report.md").read_text()
     assert table.split("\n\n", 2)[2] in evaluated.stdout
     assert "grader: judge" in table and f"checkpoint: {workdir}" in table
