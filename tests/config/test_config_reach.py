@@ -191,7 +191,8 @@ LOOP = "loop: run/sft.py, run/rl.py, run/copy_pretraining.py"
 JUDGE = {"reward.method": "judge", "reward.judge_url": "http://127.0.0.1:1/v1"}
 REMOTE = {"tools.search_url": "http://127.0.0.1:2"}
 # What a run on a published dataset needs (both configs): no SFT, a tokenizer, benchmark evals.
-PUBLISHED_RUN = {"sft.steps": 0, "model.tokenizer": "/ckpt/tokenizer", "eval.datasets": ("musique",)}
+PUBLISHED_RUN = {"sft.steps": 0, "model.tokenizer": "/ckpt/tokenizer",
+                 "eval.datasets": ("musique",)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ PAGE_TEXT = "known for its traboules and silk weavers"  # the page's main text, 
 PARAGRAPH = "Lyon is the third-largest city of France."  # a MuSiQue paragraph (train and dev)
 
 
-def shrink(checkpoint: str, judge_url: str) -> list[str]:
+def shrink(judge_url: str) -> list[str]:
     """The 0.6B offline config at test size: the checkpoint's dimensions, short turns, 2 steps."""
     return [
         "model.dtype=float32", "data.batch_size=3", "rollout.group_size=4",
@@ -99,7 +99,7 @@ def test_qwen3_checkpoint_trains_on_musique_then_evaluates_on_the_benchmarks(
         checkpoint, site, judge_server, compilation_cache_dir, tmp_path):
     workdir, bench = tmp_path / "run", tmp_path / "bench"
     config = f"--config={CONFIG}:checkpoint={checkpoint.path},offline"
-    overrides = [f"--config.{o}" for o in shrink(checkpoint.path, judge_server.url)]
+    overrides = [f"--config.{o}" for o in shrink(judge_server.url)]
 
     # ---- 2 MATPO RL steps on MuSiQue, offline
     trained = run("matpo_jax.train", [config, *overrides, f"--workdir={workdir}"],
