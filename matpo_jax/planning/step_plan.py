@@ -55,14 +55,7 @@ def abstract_model(config: Qwen3Config):
 
 def abstract_train_state(params, frozen, tx: optax.GradientTransformation, mesh):
     """The TrainState as sharded ShapeDtypeStructs, and its shardings (as init_train_state)."""
-    def build(params, frozen):
-        return step_lib.TrainState(
-            params=params, opt_state=tx.init(params), frozen=frozen,
-            step=jnp.zeros((), jnp.int32), optimizer_steps=jnp.zeros((), jnp.int32),
-            skipped_steps=jnp.zeros((), jnp.int32),
-            rng=jax.random.key_data(jax.random.key(0)))
-
-    shapes = jax.eval_shape(build, params, frozen)
+    shapes = jax.eval_shape(lambda p, f: step_lib.fresh_train_state(p, f, tx), params, frozen)
     shardings = step_lib.state_shardings(shapes, tx, mesh)
     return _with_shardings(shapes, shardings), shardings
 
