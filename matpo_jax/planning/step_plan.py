@@ -39,6 +39,7 @@ class PlanInputs:
     optimizer: step_lib.OptimizerConfig
     decode_slots: int  # sampler slots (the KV cache's batch)
     max_context: int  # KV cache length per slot
+    max_turn: int = 0  # tokens one turn may generate (the sampler's per-slot turn buffers)
     mfu: float = 0.4  # model FLOPs utilisation assumed for the step-time estimate
 
 
