@@ -17,6 +17,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU, run nothing: before jax loads
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
@@ -40,7 +41,22 @@ _SEARCH = flags.DEFINE_bool("search_micro_batches", True, "If the train step doe
 _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation for the step-time estimate.")
 _TRAIN = flags.DEFINE_bool("train", True, "Compile the train step.")
 _DECODE = flags.DEFINE_bool("decode", True, "Compile one sampler decode step.")
+_NOTE = flags.DEFINE_string("note", None, "A remark kept in the JSON and under plan.md's table.")
 _OUT = flags.DEFINE_string("out", None, "Directory for plan_<config>_<topology>.json + plan.md.")
+
+
+def _train_fit_check(inputs, topology) -> dict:
+    """What `train`'s check before any work (planning/fit.py) says of this config on the slice."""
+    from matpo_jax import parallel
+    from matpo_jax.config import ConfigError
+    from matpo_jax.planning import fit
+
+    mesh = parallel.make_mesh(inputs.mesh_shape, devices=topology.devices())
+    try:
+        estimate, refused = fit.check_fits(inputs, mesh, topology.chip.hbm_bytes), None
+    except ConfigError as error:
+        estimate, refused = fit.estimate(inputs, mesh, topology.chip.hbm_bytes), error.problems
+    return dict(dataclasses.asdict(estimate), passes=refused is None, refused=refused)
 
 
 def main(argv):
@@ -57,11 +73,14 @@ def main(argv):
                          scan_layers=_SCAN.value, micro_batches=_MICRO.value, mfu=_MFU.value)
     plan = step_plan.make_plan(inputs, topology, decode=_DECODE.value, train=_TRAIN.value,
                                search_micro_batches=_SEARCH.value)
+    plan["train_fit_check"] = _train_fit_check(inputs, topology)
     config_path = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    kept = [a for a in sys.argv[1:] if not a.startswith(("--out", "--note"))]
     plan.update(config=config_path.rsplit("/", 1)[-1],
-                command="python -m matpo_jax.plan " + " ".join(
-                    shlex.quote(a) for a in sys.argv[1:] if not a.startswith("--out")),
+                command="python -m matpo_jax.plan " + " ".join(shlex.quote(a) for a in kept),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    if _NOTE.value:
+        plan["note"] = _NOTE.value
     print("\n".join(step_plan.summary_lines(plan)))
     if _OUT.value:
         out = Path(_OUT.value)

@@ -22,12 +22,14 @@ def markdown(plans: list[dict]) -> str:
         "(they hold the gradient accumulator, listed apart, and the activations). Decode step: "
         "one sampler step over every slot (`Qwen3ForCausalLM.decode`); its peak plus the "
         "optimizer state (resident during rollouts) against HBM. Step time = model FLOPs / "
-        "(chips x peak bf16 FLOP/s x MFU).", "",
+        "(chips x peak bf16 FLOP/s x MFU). `train`'s check: what `python -m matpo_jax.train` "
+        "decides before any work from parameters + optimizer state + gradients and parameters "
+        "+ optimizer state + KV cache per chip (planning/fit.py, no activations).", "",
         "| config | topology | mesh (data, fsdp, tensor) | rows x tokens (remat) | parameters | "
         "optimizer state | gradients | activations + other temp. | train peak | fits | "
         "TFLOPs / step | step s @ MFU | slots x context | KV cache | decode peak + opt. | fits "
-        "| slots that fit | HBM |",
-        "|" + "---|" * 18]
+        "| slots that fit | HBM | `train`'s check |",
+        "|" + "---|" * 19]
     for plan in plans:
         ts, ds = plan.get("train_step"), plan.get("decode_step")
         mesh = plan["mesh"]
@@ -50,6 +52,8 @@ def markdown(plans: list[dict]) -> str:
         else:
             row += ["not compiled", "", "", "", ""]
         row.append(_gib(plan["hbm_per_chip"]))
+        check = plan.get("train_fit_check")
+        row.append("" if check is None else "passes" if check["passes"] else "**refuses**")
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Commands and compile times:", ""]
     for plan in plans:

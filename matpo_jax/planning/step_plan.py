@@ -241,12 +241,15 @@ def _train_fit(ts: dict, inputs: PlanInputs, topology: Topology) -> dict:
 
 
 def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
-              train: bool = True, search_micro_batches: bool = False) -> dict:
+              train: bool = True, search_micro_batches: bool = False,
+              decode_slot_attempts: int = 3) -> dict:
     """The whole plan as a JSON-ready dict: both steps' memory against the chip's HBM, the train
     step's FLOPs and its time at `inputs.mfu`, the decode slots that fit. With
     search_micro_batches, a train step that does not fit is compiled again with twice the
     micro-batches (the same update, less activation memory) until it fits or a micro-batch is
-    one row per chip; the first that fits is `train_step_fitting`."""
+    one row per chip; the first that fits is `train_step_fitting`. Configured decode slots that
+    do not fit are followed by up to `decode_slot_attempts` compiles of the count estimated to
+    fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
     graphdef, params, frozen = abstract_model(inputs.model)
@@ -289,11 +292,28 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
             chip.hbm_bandwidth
         plan["decode_step"] = ds
         fitting = (ds["slots_that_fit"] // ds["slot_shards"]) * ds["slot_shards"]
-        if not ds["fits"] and fitting >= ds["slot_shards"]:
-            # The configured slots do not fit: compile the largest count that should, to check it.
-            plan["decode_step_fitting_slots"] = _decode_fit(
+        tried = set()
+        # The configured slots do not fit: compile the count the last compile says should fit,
+        # keep the largest that does (the estimate is linear in the slots; temporaries are not).
+        while not ds["fits"] and fitting >= ds["slot_shards"] and fitting not in tried \
+                and len(tried) < decode_slot_attempts:
+            tried.add(fitting)
+            attempt = _decode_fit(
                 decode_step_plan(inputs, mesh, graphdef, params, frozen, slots=fitting),
                 chip.hbm_bytes, resident)
+            plan.setdefault("decode_slots_tried", []).append(
+                {"slots": fitting, "fits": attempt["fits"],
+                 "peak_with_optimizer_state": attempt["peak_with_optimizer_state"],
+                 "compile_s": attempt["compile_s"]})
+            best = plan.get("decode_step_fitting_slots")
+            if attempt["fits"] and (best is None or attempt["slots"] > best["slots"]):
+                plan["decode_step_fitting_slots"] = attempt
+            fitting = (attempt["slots_that_fit"] // ds["slot_shards"]) * ds["slot_shards"]
+            if attempt["fits"] and fitting <= attempt["slots"]:
+                break
+            if not attempt["fits"] and best is not None:
+                break  # the previous count fitted and this one does not: that is the answer
+            fitting = min(fitting, ds["slots"] - ds["slot_shards"])
     return plan
 
 
@@ -350,6 +370,11 @@ def summary_lines(plan: dict) -> list[str]:
                      "decode step (HBM bandwidth)")
     if "decode_step_fitting_slots" in plan:
         lines += _decode_lines(plan["decode_step_fitting_slots"], "decode step, slots that fit")
+    check = plan.get("train_fit_check")
+    if check:
+        lines.append("train's check before any work: " + (
+            f"passes ({check['slots_that_fit']} decode slots fit)" if check["passes"]
+            else "refuses: " + " | ".join(check["refused"])))
     return lines
 
 

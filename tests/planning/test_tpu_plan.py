@@ -82,9 +82,13 @@ def test_decode_slots_that_do_not_fit_are_found_and_the_fitting_count_compiles(t
     assert not decode["memory_per_chip"]["compiled"]
     assert "RESOURCE_EXHAUSTED" in decode["memory_per_chip"]["xla_message"]
     assert 0 < decode["slots_that_fit"] < 128
-    fitting = tiny_plan["decode_step_fitting_slots"]
-    assert fitting["slots"] == decode["slots_that_fit"] and fitting["fits"]
-    assert fitting["memory_per_chip"]["compiled"]
+    tried = tiny_plan["decode_slots_tried"]
+    assert tried[0]["slots"] == decode["slots_that_fit"] and len(tried) <= 3
+    assert all(t["slots"] < 128 and t["slots"] % 4 == 0 for t in tried)
+    fitting = tiny_plan["decode_step_fitting_slots"]  # the largest count that compiled and fits
+    assert fitting["fits"] and fitting["memory_per_chip"]["compiled"]
+    assert fitting["slots"] == max(t["slots"] for t in tried if t["fits"])
+    assert fitting["peak_with_optimizer_state"] <= CHIPS["v5e"].hbm_bytes
 
 
 def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
