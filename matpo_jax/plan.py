@@ -22,6 +22,7 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -68,6 +69,7 @@ def main(argv):
     from matpo_jax.planning.topology import parse_topology
     from matpo_jax.run.plan_inputs import plan_inputs
 
+    started = time.perf_counter()
     topology = parse_topology(_TOPOLOGY.value)
     inputs = plan_inputs(to_typed(_CONFIG.value, check_files=False), rows=_ROWS.value, remat=_REMAT.value,
                          scan_layers=_SCAN.value, micro_batches=_MICRO.value, mfu=_MFU.value)
@@ -79,6 +81,7 @@ def main(argv):
     plan.update(config=config_path.rsplit("/", 1)[-1],
                 command="python -m matpo_jax.plan " + " ".join(shlex.quote(a) for a in kept),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    plan["wall_s"] = round(time.perf_counter() - started, 1)
     if _NOTE.value:
         plan["note"] = _NOTE.value
     print("\n".join(step_plan.summary_lines(plan)))

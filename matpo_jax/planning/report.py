@@ -13,6 +13,47 @@ def _fit(flag) -> str:
     return "yes" if flag else "**no**"
 
 
+def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
+    mesh = plan["mesh"]
+    row = [label, plan["topology"], f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
+    if ts:
+        m = ts["memory_per_chip"]
+        row += [f"{ts['rows']} x {ts['row_length']}, {ts['micro_batches']} micro ({ts['remat']})",
+                _gib(m["parameters"]), _gib(m["optimizer_state"]), _gib(m["gradients"]),
+                _gib(m["activations_and_other_temporaries"]), _gib(m["peak"]),
+                _fit(ts["fits"]), f"{ts['model_flops'] / 1e12:,.0f}",
+                f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}"]
+    else:
+        row += ["-"] + [""] * 8
+    if ds:
+        m = ds["memory_per_chip"]
+        row += [f"{ds['slots']} x {ds['max_context']}", _gib(m["kv_cache"]),
+                _gib(ds["peak_with_optimizer_state"]), _fit(ds["fits"]),
+                str(ds["slots_that_fit"])]
+    else:
+        row += ["-", "", "", "", ""]
+    row.append(_gib(plan["hbm_per_chip"]))
+    check = plan.get("train_fit_check")
+    row.append("" if check is None or label.startswith("...") else
+               "passes" if check["passes"] else "**refuses**")
+    return "| " + " | ".join(row) + " |"
+
+
+def _compile_times(plan: dict) -> str:
+    """Every compile of the plan, in order, and the whole command's wall time."""
+    parts = []
+    if "train_step" in plan:
+        parts.append(f"train step {plan['train_step']['compile_s']} s")
+    parts += [f"{t['micro_batches']} micro-batches {t['compile_s']} s"
+              for t in plan.get("micro_batches_tried", [])]
+    if "decode_step" in plan:
+        parts.append(f"decode step {plan['decode_step']['compile_s']} s")
+    parts += [f"{t['slots']} slots {t['compile_s']} s" for t in plan.get("decode_slots_tried", [])]
+    if "wall_s" in plan:
+        parts.append(f"{plan['wall_s'] / 60:.1f} min in all")
+    return ", ".join(parts)
+
+
 def markdown(plans: list[dict]) -> str:
     lines = [
         "# Memory and FLOPs plans (compiled ahead of time for the TPU topology)", "",
@@ -31,38 +72,19 @@ def markdown(plans: list[dict]) -> str:
         "| slots that fit | HBM | `train`'s check |",
         "|" + "---|" * 19]
     for plan in plans:
-        ts, ds = plan.get("train_step"), plan.get("decode_step")
-        mesh = plan["mesh"]
-        row = [plan.get("config", "?"), plan["topology"],
-               f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
-        if ts:
-            m = ts["memory_per_chip"]
-            row += [f"{ts['rows']} x {ts['row_length']} ({ts['remat']})", _gib(m["parameters"]),
-                    _gib(m["optimizer_state"]), _gib(m["gradients"]),
-                    _gib(m["activations_and_other_temporaries"]), _gib(m["peak"]),
-                    _fit(ts["fits"]), f"{ts['model_flops'] / 1e12:,.0f}",
-                    f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}"]
-        else:
-            row += ["not compiled"] + [""] * 8
-        if ds:
-            m = ds["memory_per_chip"]
-            row += [f"{ds['slots']} x {ds['max_context']}", _gib(m["kv_cache"]),
-                    _gib(ds["peak_with_optimizer_state"]), _fit(ds["fits"]),
-                    str(ds["slots_that_fit"])]
-        else:
-            row += ["not compiled", "", "", "", ""]
-        row.append(_gib(plan["hbm_per_chip"]))
-        check = plan.get("train_fit_check")
-        row.append("" if check is None else "passes" if check["passes"] else "**refuses**")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(_row(plan, plan.get("train_step"), plan.get("decode_step"),
+                          plan.get("config", "?")))
+        ts, ds = plan.get("train_step_fitting"), plan.get("decode_step_fitting_slots")
+        if ts or ds:  # what the plan found that fits, when the configured shapes do not
+            lines.append(_row(plan, ts, ds, "... what fits"))
     lines += ["", "Commands and compile times:", ""]
     for plan in plans:
-        times = ", ".join(f"{k} {plan[k]['compile_s']} s" for k in ("train_step", "decode_step")
-                          if k in plan)
-        lines.append(f"- `{plan.get('command', '')}` ({times}; {plan.get('machine', '')})")
-    notes = [p["note"] for p in plans if p.get("note")]
+        lines.append(f"- `{plan.get('command', '')}`: {_compile_times(plan)}; "
+                     f"{plan.get('machine', '')}")
+    notes = [f"{p.get('config', '?')} on {p['topology']}: {p['note']}" for p in plans
+             if p.get("note")]
     if notes:
-        lines += ["", *[f"- {n}" for n in notes]]
+        lines += ["", "Notes:", "", *[f"- {n}" for n in notes]]
     return "\n".join(lines) + "\n"
 
 

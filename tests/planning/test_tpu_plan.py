@@ -96,6 +96,10 @@ def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
     (tmp_path / "plan_tiny_v5e_2x2.json").write_text(json.dumps(step_plan.as_json_ready(plan)))
     text = report.write_markdown(tmp_path).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| tiny.py"))
-    assert "| v5e:2x2 | 1, 4, 1 | 4 x 128 (full) |" in row
+    assert "| v5e:2x2 | 1, 4, 1 | 4 x 128, 1 micro (full) |" in row
     assert row.count("**no**") == 1  # the train step fits, the configured decode batch does not
     assert np.isfinite(float(row.split("|")[5]))
+    # The decode slots that do fit, compiled, on the row below.
+    fitting = text.splitlines()[text.splitlines().index(row) + 1]
+    assert fitting.startswith("| ... what fits") and "**no**" not in fitting
+    assert f"| {plan['decode_step_fitting_slots']['slots']} x {2 ** 23} |" in fitting
