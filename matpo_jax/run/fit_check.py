@@ -19,7 +19,7 @@ def check_config_fits(cfg: ExperimentConfig, hbm_per_chip: int | None = None,
     """The per-chip estimate against `hbm_per_chip` bytes (default: the TPU's memory), or None
     when there is nothing to check against (not a TPU and no budget given). Raises ConfigError
     (one line per phase that cannot fit) otherwise."""
-    hbm = hbm_per_chip or fit.device_hbm_bytes(jax.devices()[0])
+    hbm = hbm_per_chip or fit.device_hbm_bytes(jax.local_devices()[0])
     if hbm is None:
         return None
     return fit.check_fits(plan_inputs(cfg), mesh if mesh is not None else make_mesh(cfg), hbm)
