@@ -43,6 +43,8 @@ _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation for the step-time
 _TRAIN = flags.DEFINE_bool("train", True, "Compile the train step.")
 _DECODE = flags.DEFINE_bool("decode", True, "Compile one sampler decode step.")
 _NOTE = flags.DEFINE_string("note", None, "A remark kept in the JSON and under plan.md's table.")
+_TAG = flags.DEFINE_string("tag", None, "Suffix of the JSON's name (a variant of a config, e.g. "
+                           "with --config.mesh.tensor=8).")
 _OUT = flags.DEFINE_string("out", None, "Directory for plan_<config>_<topology>.json + plan.md.")
 
 
@@ -77,7 +79,7 @@ def main(argv):
                                search_micro_batches=_SEARCH.value)
     plan["train_fit_check"] = _train_fit_check(inputs, topology)
     config_path = flags.FLAGS["config"].serialize().split("=", 1)[-1]
-    kept = [a for a in sys.argv[1:] if not a.startswith(("--out", "--note"))]
+    kept = [a for a in sys.argv[1:] if not a.startswith(("--out", "--note", "--tag"))]
     plan.update(config=config_path.rsplit("/", 1)[-1],
                 command="python -m matpo_jax.plan " + " ".join(shlex.quote(a) for a in kept),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
@@ -88,7 +90,8 @@ def main(argv):
     if _OUT.value:
         out = Path(_OUT.value)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{step_plan.plan_name(config_path, topology.name)}.json"
+        name = step_plan.plan_name(config_path, topology.name)
+        path = out / (f"{name}_{_TAG.value}.json" if _TAG.value else f"{name}.json")
         path.write_text(json.dumps(step_plan.as_json_ready(plan), indent=1) + "\n")
         print(f"wrote {path} and {report.write_markdown(out)}")
 
