@@ -80,7 +80,8 @@ def main(argv):
     plan["train_fit_check"] = _train_fit_check(inputs, topology)
     config_path = flags.FLAGS["config"].serialize().split("=", 1)[-1]
     kept = [a for a in sys.argv[1:] if not a.startswith(("--out", "--note", "--tag"))]
-    plan.update(config=config_path.rsplit("/", 1)[-1],
+    overrides = [a.removeprefix("--config.") for a in kept if a.startswith("--config.")]
+    plan.update(config=config_path.rsplit("/", 1)[-1] + "".join(f" {o}" for o in overrides),
                 command="python -m matpo_jax.plan " + " ".join(shlex.quote(a) for a in kept),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
     plan["wall_s"] = round(time.perf_counter() - started, 1)
