@@ -91,9 +91,8 @@ def markdown(plans: list[dict]) -> str:
 def write_markdown(results_dir: str | Path, name: str = "plan.md") -> Path:
     results_dir = Path(results_dir)
     plans = [json.loads(p.read_text()) for p in sorted(results_dir.glob("plan_*.json"))]
-    order = {"0_6b": 0, "4b": 1, "14b": 2}
-    plans.sort(key=lambda p: (next((v for k, v in order.items() if k in p.get("config", "")), 9),
-                              p["topology"]))
+    plans.sort(key=lambda p: (p["model"]["parameters"], p["chips"], p["topology"],
+                              p.get("config", "")))
     out = results_dir / name
     out.write_text(markdown(plans))
     return out
