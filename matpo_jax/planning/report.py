@@ -54,9 +54,47 @@ def _compile_times(plan: dict) -> str:
     return ", ".join(parts)
 
 
+def memory_table(plans: list[dict]) -> list[str]:
+    """The short per-chip table (the README's): the configured shapes, whether each phase fits,
+    and what the plan found that fits."""
+    lines = ["| config | slice (chips) | mesh d, f, t | parameters | optimizer state | "
+             "activations + temp. | KV cache | train step fits | rollouts fit | decode slots "
+             "that fit | step s @ MFU | `train`'s check |", "|" + "---|" * 12]
+    for plan in plans:
+        ts, ds = plan.get("train_step"), plan.get("decode_step")
+        mesh = plan["mesh"]
+        row = [plan.get("config", "?").removesuffix(".py"), f"{plan['topology']} ({plan['chips']})",
+               f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
+        memory = (ts or ds or {}).get("memory_per_chip", {})
+        row += [_gib(memory["parameters"]) if memory else "",
+                _gib(ts["memory_per_chip"]["optimizer_state"]) if ts else "",
+                _gib(ts["memory_per_chip"]["activations_and_other_temporaries"]) if ts
+                else "not compiled",
+                f"{_gib(ds['memory_per_chip']['kv_cache'])} ({ds['slots']} slots)" if ds
+                else "not compiled"]
+        fitting = plan.get("train_step_fitting")
+        row.append("" if not ts else "yes" if ts["fits"] else
+                   f"**no**; yes with {fitting['micro_batches']} micro-batches "
+                   f"({_gib(fitting['memory_per_chip']['peak'])} peak)" if fitting else
+                   f"**no** ({_gib(ts['memory_per_chip']['peak'])} peak)")
+        row.append("" if not ds else "yes" if ds["fits"] else
+                   f"**no** ({_gib(ds['peak_with_optimizer_state'])} with the optimizer state)")
+        best = plan.get("decode_step_fitting_slots")
+        row.append(str(ds["slots"]) if ds and ds["fits"] else
+                   f"{best['slots']} (compiled)" if best else "")
+        row.append(f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}" if ts else "")
+        check = plan.get("train_fit_check")
+        row.append("" if check is None else "passes" if check["passes"] else
+                   f"refuses ({check['slots_that_fit']} slots fit)")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def markdown(plans: list[dict]) -> str:
     lines = [
         "# Memory and FLOPs plans (compiled ahead of time for the TPU topology)", "",
+        "Per chip, GiB (the README's table):", "", *memory_table(plans), "",
+        "In full:", "",
         "Per chip, GiB. Train step: the real jitted `make_train_step` (RL objective, AdamW) "
         "compiled by libtpu for the topology from abstract shapes; parameters / optimizer state "
         "/ batch from the shardings, temporaries = compiled peak - live arguments and outputs "

@@ -95,6 +95,12 @@ def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
     plan = dict(tiny_plan, config="tiny.py", command="python -m matpo_jax.plan ...")
     (tmp_path / "plan_tiny_v5e_2x2.json").write_text(json.dumps(step_plan.as_json_ready(plan)))
     text = report.write_markdown(tmp_path).read_text()
+    # The short table (the README's) first: the train step fits, the configured decode batch
+    # does not, and the slot count that compiled and fits is named.
+    short = next(line for line in text.splitlines() if line.startswith("| tiny |")).split(" | ")
+    assert short[1:3] == ["v5e:2x2 (4)", "1, 4, 1"] and short[7] == "yes"
+    assert short[8].startswith("**no**")
+    assert short[9] == f"{plan['decode_step_fitting_slots']['slots']} (compiled)"
     row = next(line for line in text.splitlines() if line.startswith("| tiny.py"))
     assert "| v5e:2x2 | 1, 4, 1 | 4 x 128, 1 micro (full) |" in row
     assert row.count("**no**") == 1  # the train step fits, the configured decode batch does not
