@@ -109,3 +109,14 @@ def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
     fitting = text.splitlines()[text.splitlines().index(row) + 1]
     assert fitting.startswith("| ... what fits") and "**no**" not in fitting
     assert f"| {plan['decode_step_fitting_slots']['slots']} x {2 ** 23} |" in fitting
+
+
+def test_a_mesh_axis_that_splits_a_torus_axis_is_laid_out():
+    """The 14B config's fsdp 8 x tensor 8 on a v5p-128 (4x4x4 chips): 8 is no product of whole
+    torus axes, which jax.make_mesh refuses; parallel.make_mesh splits one instead."""
+    pytest.importorskip("libtpu", reason="TPU topologies need libtpu: pip install -e .[tpu]")
+    from matpo_jax import parallel
+    devices = parse_topology("v5p-128").devices()
+    mesh = parallel.make_mesh(dict(data=1, fsdp=-1, tensor=8), devices=devices)
+    assert dict(mesh.shape) == dict(data=1, fsdp=8, tensor=8)
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
