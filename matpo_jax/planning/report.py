@@ -63,7 +63,7 @@ def memory_table(plans: list[dict]) -> list[str]:
     for plan in plans:
         ts, ds = plan.get("train_step"), plan.get("decode_step")
         mesh = plan["mesh"]
-        row = [plan.get("config", "?").removesuffix(".py"), f"{plan['topology']} ({plan['chips']})",
+        row = [plan.get("config", "?").replace(".py", ""), f"{plan['topology']} ({plan['chips']})",
                f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
         memory = (ts or ds or {}).get("memory_per_chip", {})
         row += [_gib(memory["parameters"]) if memory else "",
@@ -80,7 +80,8 @@ def memory_table(plans: list[dict]) -> list[str]:
         row.append("" if not ds else "yes" if ds["fits"] else
                    f"**no** ({_gib(ds['peak_with_optimizer_state'])} with the optimizer state)")
         best = plan.get("decode_step_fitting_slots")
-        row.append(str(ds["slots"]) if ds and ds["fits"] else
+        row.append(f"{ds['slots']} as configured (~{ds['slots_that_fit']} estimated)"
+                   if ds and ds["fits"] else
                    f"{best['slots']} (compiled)" if best else "")
         row.append(f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}" if ts else "")
         check = plan.get("train_fit_check")
@@ -115,7 +116,8 @@ def markdown(plans: list[dict]) -> str:
         ts, ds = plan.get("train_step_fitting"), plan.get("decode_step_fitting_slots")
         if ts or ds:  # what the plan found that fits, when the configured shapes do not
             lines.append(_row(plan, ts, ds, "... what fits"))
-    lines += ["", "Commands and compile times:", ""]
+    lines += ["", "Commands and compile times (wall clock, on a 2-core machine shared with other "
+              "work while they ran):", ""]
     for plan in plans:
         lines.append(f"- `{plan.get('command', '')}`: {_compile_times(plan)}; "
                      f"{plan.get('machine', '')}")
@@ -129,8 +131,7 @@ def markdown(plans: list[dict]) -> str:
 def write_markdown(results_dir: str | Path, name: str = "plan.md") -> Path:
     results_dir = Path(results_dir)
     plans = [json.loads(p.read_text()) for p in sorted(results_dir.glob("plan_*.json"))]
-    plans.sort(key=lambda p: (p["model"]["parameters"], p["chips"], p["topology"],
-                              p.get("config", "")))
+    plans.sort(key=lambda p: (p["model"]["parameters"], p["topology"], p.get("config", "")))
     out = results_dir / name
     out.write_text(markdown(plans))
     return out
