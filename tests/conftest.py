@@ -13,4 +13,4 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
-                  "fixtures.mesh"]
+                  "fixtures.mesh", "fixtures.compile_cache"]

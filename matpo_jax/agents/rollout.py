@@ -83,20 +83,25 @@ class RolloutBatch:
 
 def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
                  questions: Sequence[str], cfg: RolloutSection, rng,
-                 options: EngineOptions = EngineOptions()) -> RolloutBatch:
+                 options: EngineOptions = EngineOptions(), *,
+                 question_offset: int = 0) -> RolloutBatch:
     """Rolls out G samples per question; returns every planner, worker (or single) trajectory.
 
     cfg: the config's rollout section (evaluation passes a copy with its own group size and
     temperature). toolbox: a `tools.ToolBox` running `search` / `open` (`.call(name, arguments)
     -> ToolResult`, never raising, its text already cut to the context's cap); the engine handles
     `subagent` itself. rng: the sampler's key.
+    question_offset: the index of questions[0] in the global batch (a process's share of a
+    multi-process batch). Each trajectory samples from its own stream, a function of (global
+    question index, sample index, worker ordinal within its planner), so its tokens do not depend
+    on which other questions run in this process or which slot it gets (`sampling_stream`).
     """
     start = time.perf_counter()
     tool_counts = _tool_counts(toolbox)
     pool = concurrent.futures.ThreadPoolExecutor(options.tool_threads)
     engine = _Engine(chat, toolbox, cfg, options, pool)
     try:
-        engine.start(questions)
+        engine.start(questions, question_offset)
         loop = sampler.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.decode_slots,
             max_len=cfg.max_context, max_turn=cfg.max_new_tokens_per_turn, sampling=sampling(cfg),
@@ -114,6 +119,22 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     top_level = sum(r.role != WORKER for r in rollouts)
     metrics["rollouts_per_s"] = top_level / metrics["wall_time_s"]
     return RolloutBatch(rollouts, metrics)
+
+
+# Worker ordinals a planner's streams leave room for (ordinal 0 is the planner itself).
+_STREAMS_PER_SAMPLE = 1024
+
+
+def sampling_stream(question: int, sample: int, group_size: int, worker: int = 0) -> int:
+    """The sampler stream (SlotInjection.stream) of a trajectory: sample `sample` of global
+    question `question`, its planner (worker 0) or its worker-th worker (1, 2, ... in spawn order
+    within that planner). Distinct per trajectory of a batch; workers past the room wrap (their
+    draws would then share keys with a sibling's, never an error)."""
+    stream = (question * group_size + sample) * _STREAMS_PER_SAMPLE + worker % _STREAMS_PER_SAMPLE
+    if stream >= 2**31:
+        raise ValueError(f"question {question} x group size {group_size}: sampling stream "
+                         f"{stream} overflows int32 (batch too large)")
+    return stream
 
 
 def _tool_counts(toolbox) -> dict[str, int]:
@@ -138,6 +159,7 @@ class _Agent:
     record: Rollout
     tools: Sequence[dict]  # the schemas in this role's prompt (what its calls are checked against)
     question: str  # the planner's question (workers: their planner's)
+    stream: int  # its sampler stream (sampling_stream)
     max_turns: int
     budget: int  # context the tool loop may use (a worker keeps room for its summary)
     in_summary: bool = False  # a worker's final-summary turn is running
@@ -179,7 +201,7 @@ class _Engine:
         self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
 
     # ----------------------------------------------------------------------- starting rollouts
-    def start(self, questions: Sequence[str]) -> None:
+    def start(self, questions: Sequence[str], question_offset: int = 0) -> None:
         cfg = self.cfg
         role = PLANNER if cfg.mode == "matpo" else SINGLE
         schemas = _PLANNER_TOOLS if role == PLANNER else _WORKER_TOOLS
@@ -191,7 +213,9 @@ class _Engine:
             for g in range(cfg.group_size):
                 record = Rollout(rollout_id=len(self.agents), role=role, query_index=q,
                                  sample_index=g, parent_id=None)
-                agent = _Agent(record, schemas, question, cfg.max_turns_planner, cfg.max_context)
+                stream = sampling_stream(question_offset + q, g, cfg.group_size)
+                agent = _Agent(record, schemas, question, stream, cfg.max_turns_planner,
+                               cfg.max_context)
                 self._open(agent, prompts.question_prompt(question))
                 if cfg.reuse_prefixes and cfg.group_size > 1 and g == 0:
                     self.scheduler.register_prefix(record.tokens)  # the G samples' shared prompt
@@ -214,7 +238,10 @@ class _Engine:
         budget = cfg.max_context
         if cfg.final_summary:  # keep room for the summary instruction and the summary turn
             budget -= len(self._summary_ids) + cfg.summary_tokens
-        agent = _Agent(record, _WORKER_TOOLS, planner.question, cfg.max_turns_worker, budget)
+        # Its ordinal among its planner's workers: fixed by the planner's own trajectory.
+        stream = planner.stream + len(parent.child_ids) % _STREAMS_PER_SAMPLE
+        agent = _Agent(record, _WORKER_TOOLS, planner.question, stream, cfg.max_turns_worker,
+                       budget)
         message = (prompts.worker_recap(planner.question, subtask) if cfg.user_query_recap
                    else subtask)
         self._open(agent, message)
@@ -228,7 +255,7 @@ class _Engine:
                       trainable=False)
         if self._fits(agent, 0):
             self.scheduler.admit(record.rollout_id, record.tokens, group=record.role,
-                                 priority=_priority(record.role))
+                                 priority=_priority(record.role), stream=agent.stream)
         else:
             self._finish(agent, MAX_CONTEXT)
 
@@ -457,7 +484,8 @@ class _Engine:
         """Queues a parked agent, its context complete, to decode on (before new sequences)."""
         record = agent.record
         self.scheduler.admit(record.rollout_id, record.tokens, group=record.role,
-                             priority=_priority(record.role, resumed=True), turn_cap=turn_cap)
+                             priority=_priority(record.role, resumed=True), turn_cap=turn_cap,
+                             stream=agent.stream)
 
     def check_all_finished(self) -> None:
         stuck = [a.record.rollout_id for a in self.agents.values() if not a.finished]

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import os
 import re
+import socket
 import sys
 import tempfile
 from typing import Callable
@@ -27,6 +28,7 @@ from matpo_jax.config.errors import ConfigError
 from matpo_jax.config.files import load_config_file
 from matpo_jax.config.sections import ExperimentConfig
 from matpo_jax.config.validation import to_typed
+from matpo_jax.report.files import run_path
 
 
 @dataclasses.dataclass
@@ -168,7 +170,16 @@ def check_workdir(workdir: str | None) -> str:
     """The run directory, created; ConfigError (one line) when it cannot be created or written."""
     if not workdir:
         raise ConfigError("--workdir is required (e.g. --workdir=runs/x)")
-    if "://" in workdir:  # remote storage: the checkpointer reports what it cannot write
+    if "://" in workdir:  # an object store: one small object written and deleted proves access
+        # named per process: every host of a pod checks at once
+        probe = run_path(workdir, f".write_check.{socket.gethostname()}.{os.getpid()}")
+        try:
+            probe.write_text("")
+            probe.unlink()
+        except Exception as error:  # noqa: BLE001 - any client error means: not writable
+            detail = (str(error).strip().splitlines() or [""])[0][:200]
+            raise ConfigError(f"--workdir={workdir}: cannot write there "
+                              f"({type(error).__name__}: {detail})") from error
         return workdir
     try:
         os.makedirs(workdir, exist_ok=True)

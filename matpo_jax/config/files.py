@@ -10,7 +10,7 @@ from pathlib import Path
 import ml_collections
 
 from matpo_jax.config.errors import ConfigError
-from matpo_jax.report.files import write_json_atomic
+from matpo_jax.report.files import run_path, write_json_atomic
 
 CONFIG_FILE = "config.json"
 
@@ -60,13 +60,13 @@ def config_as_json(cfg) -> dict:
 
 def save_config(cfg, workdir: str | Path) -> Path:
     """Writes the resolved config to <workdir>/config.json (atomically), the run's record."""
-    return write_json_atomic(Path(workdir) / CONFIG_FILE, config_as_json(cfg), indent=2,
+    return write_json_atomic(run_path(workdir, CONFIG_FILE), config_as_json(cfg), indent=2,
                              sort_keys=True)
 
 
 def read_saved_config(workdir: str | Path) -> dict | None:
     """<workdir>/config.json as a dict; None when the workdir holds no run yet."""
-    path = Path(workdir) / CONFIG_FILE
+    path = run_path(workdir, CONFIG_FILE)
     if not path.exists():
         return None
     try:

@@ -10,6 +10,7 @@ from typing import Iterable
 from matpo_jax.config.configdict import flatten
 from matpo_jax.config.errors import ConfigError
 from matpo_jax.config.files import CONFIG_FILE, config_as_json, read_saved_config
+from matpo_jax.report.files import run_path
 
 # Fields a resumed run may change (with --allow_config_change): how long it runs and how often it
 # logs, evaluates and checkpoints; never what it trains on or how.
@@ -49,7 +50,7 @@ def check_resume(cfg, workdir: str | Path, allow: str | Iterable[str] | None = (
     changes = config_changes(saved, cfg)
     refused = [path for path in changes if path not in allowed]
     if refused:
-        record = Path(workdir) / CONFIG_FILE
+        record = run_path(workdir, CONFIG_FILE)
         lines = [f"{path} = {changes[path][1]!r}, but the run in {workdir} has "
                  f"{changes[path][0]!r} ({record})" for path in refused]
         safe = [path for path in refused if path in RESUME_SAFE_FIELDS]

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tqdm
-from matpo_jax.report.files import write_text_atomic
+from matpo_jax.report.files import is_remote, makedirs, open_append, run_path, write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -46,20 +49,25 @@ class MetricsWriter:
     On a resumed run pass `resume_step`: records of the crashed run's steps after it (which are
     about to be redone) are dropped so the log reads as one run. Only the primary host should
     write; the others pass `enabled=False` and get a writer that does nothing.
+
+    On an object-store workdir (gs://) metrics.jsonl is rewritten whole on every write (objects
+    cannot be appended to), and TensorBoard events go to a local temporary folder whose event file
+    is uploaded to <workdir>/tensorboard/ after every write (tensorboardX writes local files).
     """
 
     def __init__(self, workdir: str | Path, *, tensorboard: bool = True,
                  resume_step: int | None = None, enabled: bool = True):
         self.enabled = enabled
-        self.path = Path(workdir) / METRICS_FILE
+        self.path = run_path(workdir, METRICS_FILE)
         self._file = None
         self._tb = None
+        self._tb_upload = None  # (local event file folder, workdir's tensorboard folder)
         if not enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        makedirs(self.path.parent)
         if resume_step is not None:
             self._drop_after(resume_step)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open_append(self.path)
         if tensorboard:
             # tensorboardX's SummaryWriter hands events to a background thread and its flush()
             # does not wait for them; its synchronous EventsWriter makes "written" mean on disk.
@@ -67,7 +75,11 @@ class MetricsWriter:
             # TensorBoard files never needs.
             from tensorboardX.event_file_writer import EventsWriter
 
-            logdir = Path(workdir) / TENSORBOARD_DIR
+            logdir = run_path(workdir, TENSORBOARD_DIR)
+            if is_remote(workdir):
+                local = tempfile.mkdtemp(prefix="matpo_tensorboard_")
+                self._tb_upload = (local, logdir)
+                logdir = Path(local)
             logdir.mkdir(parents=True, exist_ok=True)
             self._tb = EventsWriter(str(logdir / "events"))
 
@@ -82,7 +94,7 @@ class MetricsWriter:
             return
         self._file.close()
         self._drop_after(step)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open_append(self.path)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         """Logs one record {step, time, **metrics}; values must be numeric scalars."""
@@ -113,6 +125,14 @@ class MetricsWriter:
 
         self._tb.write_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
         self._tb.flush()
+        self._upload_events()
+
+    def _upload_events(self) -> None:
+        """Remote workdirs: the local event file, copied whole over its object."""
+        if self._tb_upload is not None:
+            local, remote = self._tb_upload
+            for name in os.listdir(local):
+                (remote / name).write_bytes(Path(local, name).read_bytes())
 
     def close(self) -> None:
         if self._file is not None:
@@ -121,6 +141,10 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+            self._upload_events()
+            if self._tb_upload is not None:
+                shutil.rmtree(self._tb_upload[0], ignore_errors=True)
+                self._tb_upload = None
 
     def __enter__(self) -> "MetricsWriter":
         return self
@@ -132,7 +156,7 @@ class MetricsWriter:
 def read_records(path: str | Path) -> list[dict]:
     """The raw records of a metrics.jsonl in file order; a torn last line (crash) is skipped."""
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in run_path(path).read_text(encoding="utf-8").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:

@@ -6,6 +6,7 @@ works headless and leaves the process-wide backend (a notebook's, say) alone.
 """
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -14,6 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from matpo_jax.report.files import makedirs, run_path, write_bytes_atomic
 from matpo_jax.report.metrics import load_metrics, series, split_role
 
 # Base names (role suffix removed) of the curves worth a first look, in panel order.
@@ -66,8 +68,8 @@ def plot_curves(jsonl_path: str | Path, out_dir: str | Path, keys: Sequence[str]
                 raise KeyError(f"metric {key!r} is not in {jsonl_path}; have {sorted(groups)}")
             selected.setdefault(base, []).extend([key] if role else groups[base])
         overview = selected
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = run_path(out_dir)
+    makedirs(out_dir)
     written = {}
     for name, members in selected.items():
         figure, canvas = _figure(1)
@@ -112,7 +114,7 @@ def plot_comparison(runs: Mapping[str, Sequence[str | Path]], out_path: str | Pa
         _decorate(axes, key)
     if title:
         figure.suptitle(title)
-    return _save(figure, canvas, Path(out_path))
+    return _save(figure, canvas, run_path(out_path))
 
 
 # ------------------------------------------------------------------------------ drawing helpers
@@ -146,9 +148,10 @@ def _decorate(axes, name: str) -> None:
 
 
 def _save(figure: Figure, canvas: FigureCanvasAgg, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
-    canvas.print_png(str(path))
+    png = io.BytesIO()  # drawn in memory, then written whole (a local file or one object)
+    canvas.print_png(png)
+    write_bytes_atomic(path, png.getvalue())
     return path
 
 

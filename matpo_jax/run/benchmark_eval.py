@@ -24,6 +24,7 @@ first question without a result line; results whose judge failed are graded agai
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ import jax
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.config import RolloutSection
 from matpo_jax.agents.trajectory import WORKER, Rollout
+from matpo_jax.report import files
 from matpo_jax.rl import judge as judge_lib
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.tools.schemas import SUBAGENT_SCHEMA
@@ -184,49 +186,44 @@ def rollout_sampler(model_state, graphdef, chat, toolbox, config: RolloutSection
 
 def _read_results(path: str) -> list[dict]:
     """Result lines of an earlier run; a line cut by an interruption is dropped (and cut off)."""
-    if not os.path.exists(path):
+    if not files.run_path(path).exists():
         return []
     results, keep_bytes = [], 0
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                if not raw.endswith(b"\n"):  # written lines end in one: this one was cut
-                    raise ValueError("no newline")
-                results.append(json.loads(raw))
-            except ValueError:  # JSONDecodeError included
-                log.warning("%s: dropping an incomplete last line", path)
-                break
-            keep_bytes += len(raw)
-    if keep_bytes < os.path.getsize(path):
-        with open(path, "r+b") as f:
-            f.truncate(keep_bytes)
+    data = files.run_path(path).read_bytes()
+    for raw in io.BytesIO(data):  # the lines, each with its newline, as a file gives them
+        try:
+            if not raw.endswith(b"\n"):  # written lines end in one: this one was cut
+                raise ValueError("no newline")
+            results.append(json.loads(raw))
+        except ValueError:  # JSONDecodeError included
+            log.warning("%s: dropping an incomplete last line", path)
+            break
+        keep_bytes += len(raw)
+    if keep_bytes < len(data):
+        files.write_bytes_atomic(path, data[:keep_bytes])
     return results
 
 
 def _rewrite_jsonl(path: str, records: Sequence[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    files.write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                          for r in records))
 
 
 def _keep_transcripts_of(path: str, ids: set[str]) -> None:
     """Drop transcripts of questions whose results were never written (an interrupted batch)."""
-    if not os.path.exists(path):
+    if not files.run_path(path).exists():
         return
     kept, dropped = [], 0
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError:
-                dropped += 1
-                continue
-            if record.get("id") in ids:
-                kept.append(record)
-            else:
-                dropped += 1
+    for raw in io.BytesIO(files.run_path(path).read_bytes()):
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if record.get("id") in ids:
+            kept.append(record)
+        else:
+            dropped += 1
     if dropped:
         _rewrite_jsonl(path, kept)
 
@@ -254,7 +251,7 @@ def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: Rollout
     """
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples={samples} and batch_size={batch_size} must be >= 1")
-    os.makedirs(out_dir, exist_ok=True)
+    files.makedirs(out_dir)
     results_path = os.path.join(out_dir, RESULTS_FILE)
     transcripts_path = os.path.join(out_dir, TRANSCRIPTS_FILE)
     earlier = _read_results(results_path)
@@ -303,7 +300,4 @@ def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: Rollout
 
 
 def _append_jsonl(path: str, records: Sequence[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        f.flush()
-        os.fsync(f.fileno())
+    files.append_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

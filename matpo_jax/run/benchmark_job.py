@@ -28,6 +28,7 @@ from matpo_jax.chat import ChatFormat
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
+from matpo_jax.report import files
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
 from matpo_jax.run import benchmark_eval, benchmark_report
 from matpo_jax.run.runtime import build_model, make_mesh, make_toolbox, rollout_config
@@ -68,11 +69,14 @@ def checkpoint_directory(path: str) -> tuple[str, int | None]:
     step dir (<manager>/<step>)."""
     for phase in ("rl", "sft"):  # a run's workdir: its newest phase
         candidate = os.path.join(path, "checkpoints", phase)
-        if os.path.isdir(candidate) and any(n.isdigit() for n in os.listdir(candidate)):
+        found = files.run_path(candidate)
+        if found.is_dir() and any(p.name.isdigit() for p in found.iterdir()):
             return candidate, None
-    name = os.path.basename(os.path.normpath(path))
+    # normpath would fold the "//" of a URI
+    trimmed = path.rstrip("/") if files.is_remote(path) else os.path.normpath(path)
+    name = os.path.basename(trimmed)
     if name.isdigit():
-        return os.path.dirname(os.path.normpath(path)), int(name)
+        return os.path.dirname(trimmed), int(name)
     return path, None
 
 
@@ -80,14 +84,14 @@ def restore_model(cfg, mesh, checkpoint: str | None):
     """(graphdef, model state) of `model.*` with the checkpoint's parameters. A directory with a
     config.json is a Hugging Face checkpoint; anything else is read as an Orbax checkpoint of this
     code's trainer (only the parameters; the optimizer state is not read)."""
-    if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")):
+    if checkpoint and files.run_path(checkpoint, "config.json").exists():
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
                                                                  hf_checkpoint=checkpoint))
         return nnx.split(build_model(cfg, mesh))
     graphdef, params, frozen = nnx.split(build_model(cfg, mesh), nnx.Param, ...)
     if checkpoint:
         directory, step = checkpoint_directory(checkpoint)
-        if not os.path.isdir(directory):
+        if not files.run_path(directory).is_dir():
             raise FileNotFoundError(f"--checkpoint {checkpoint}: no such directory")
         with ckpt_lib.Checkpointer(directory, async_save=False) as checkpoints:
             step = checkpoints.latest_step() if step is None else step
@@ -161,8 +165,8 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
     specs = [parse_dataset(spec) for spec in options.datasets]
     if options.samples < 1:
         raise ValueError(f"--samples={options.samples} must be >= 1")
-    os.makedirs(options.workdir, exist_ok=True)
-    data_dir = cfg.data.data_dir or os.path.join(options.workdir, "tfds")
+    files.makedirs(options.workdir)
+    data_dir = cfg.data.data_dir or files.local_dir_for(options.workdir, "tfds")
     tokenizer = tokenizer_dir(cfg, options.checkpoint)
     world_assets = None
     if tokenizer is None or any(name == loader_lib.SYNTHETIC for name, _ in specs):

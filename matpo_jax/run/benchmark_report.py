@@ -20,6 +20,7 @@ import math
 import os
 from typing import Mapping, Sequence
 
+from matpo_jax.report import files
 from matpo_jax.run.benchmark_eval import CORRECT, NOT_ATTEMPTED
 
 ALL = "all"
@@ -107,12 +108,11 @@ def markdown_table(summaries: Mapping[str, Mapping[str, GroupSummary]]) -> str:
 def write_report(out_dir: str, summaries: Mapping[str, Mapping[str, GroupSummary]],
                  header: str = "") -> str:
     """report.md (the table) and report.json (the numbers) in `out_dir`; returns the table."""
-    os.makedirs(out_dir, exist_ok=True)
     table = markdown_table(summaries)
-    with open(os.path.join(out_dir, REPORT_MD), "w", encoding="utf-8") as f:
-        f.write((header + "\n\n" if header else "") + table)
+    files.write_text_atomic(os.path.join(out_dir, REPORT_MD),
+                            (header + "\n\n" if header else "") + table)
     numbers = {dataset: {name: dataclasses.asdict(s) for name, s in groups.items()}
                for dataset, groups in summaries.items()}
-    with open(os.path.join(out_dir, REPORT_JSON), "w", encoding="utf-8") as f:
-        json.dump(numbers, f, indent=1)  # nan is written as NaN (json's default)
+    # nan is written as NaN (json's default)
+    files.write_text_atomic(os.path.join(out_dir, REPORT_JSON), json.dumps(numbers, indent=1))
     return table

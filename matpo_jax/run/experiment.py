@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Iterable
 
 import jax
@@ -19,6 +18,7 @@ from matpo_jax.config import DataSection, ExperimentConfig
 from matpo_jax.data.world_assets import prepare_world
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
+from matpo_jax.report import files
 from matpo_jax.report.files import write_json_atomic
 from matpo_jax.run.evaluation import evaluate
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
@@ -31,18 +31,18 @@ SUMMARY_FILE = "summary.json"
 
 
 def world_data_dir(data: DataSection, workdir: str) -> str:
-    """Where the world's dataset, corpus and tokenizer live: data.data_dir, or <workdir>/tfds."""
-    return data.data_dir or os.path.join(workdir, "tfds")
+    """Where the world's dataset, corpus and tokenizer live: data.data_dir, or <workdir>/tfds
+    (a local folder standing in for it when the workdir is on an object store)."""
+    return data.data_dir or files.local_dir_for(workdir, "tfds")
 
 
 def _cached_eval(rt: Runtime, tag: str, compute):
     """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
     one that does not parse (torn by a crash before writes were atomic) is run again."""
     path = rt.path("eval", f"{tag}.json")
-    if os.path.exists(path):
+    if files.run_path(path).exists():
         try:
-            with open(path) as f:
-                return json.load(f)
+            return json.loads(files.run_path(path).read_text(encoding="utf-8"))
         except ValueError:  # JSONDecodeError, or undecodable bytes
             log.warning("%s does not parse; evaluating again", path)
     return compute()
@@ -62,7 +62,7 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
     if not isinstance(cfg, ExperimentConfig):
         raise TypeError(f"run_experiment takes the typed config (config.to_typed), got "
                         f"{type(cfg).__name__}")
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
     config_lib.check_resume(cfg, workdir, allow_config_change)  # before anything is written
     if jax.process_index() == 0:
         config_lib.save_config(cfg, workdir)
@@ -77,7 +77,7 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
             graphdef, sft_state = run_sft(rt, model, sft_writer)
         if cfg.train.steps == 0:  # an SFT-only run: a shared start for other runs
             log.info("train.steps = 0: SFT only, checkpoints in %s", rt.path("checkpoints", "sft"))
-            return _write_summary(rt, {"workdir": os.path.abspath(workdir), "sft_only": True})
+            return _write_summary(rt, {"workdir": files.absolute(workdir), "sft_only": True})
         eval_fn = lambda g, s, tag: evaluate(rt, g, s, tag=tag)  # noqa: E731
         sft_eval = _cached_eval(rt, "sft", lambda: eval_fn(graphdef, model_state(sft_state), "sft"))
         resume_step = latest_rl_step(rt)
@@ -87,11 +87,11 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
             final_eval = _cached_eval(rt, "final",
                                       lambda: eval_fn(graphdef, model_state(state), "final"))
             writer.write(cfg.train.steps, final_eval)
-    summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": os.path.abspath(workdir),
+    summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": files.absolute(workdir),
                "mode": cfg.rollout.mode}
     _write_summary(rt, summary)
     if primary:
         plots.plot_curves(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
-        if os.path.exists(rt.path("sft", metrics_lib.METRICS_FILE)):
+        if files.run_path(rt.path("sft", metrics_lib.METRICS_FILE)).exists():
             plots.plot_curves(rt.path("sft", metrics_lib.METRICS_FILE), rt.path("plots", "sft"))
     return summary

@@ -15,10 +15,13 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import jax
 from flax import nnx
+
+from matpo_jax.report import files
 
 from matpo_jax.chat import ChatFormat
 from matpo_jax.data import world_assets
@@ -77,9 +80,9 @@ class _Fields:
 def find_run_dir(checkpoint_dir: str) -> str:
     """The run's workdir: the nearest directory above `checkpoint_dir` (itself included) holding
     config.json (<workdir>/checkpoints/rl -> <workdir>)."""
-    path = os.path.abspath(checkpoint_dir)
+    path = files.absolute(checkpoint_dir).rstrip("/") or "/"
     for _ in range(4):
-        if os.path.isfile(os.path.join(path, RUN_CONFIG_FILE)):
+        if files.run_path(path, RUN_CONFIG_FILE).is_file():
             return path
         path = os.path.dirname(path)
     raise ExportError(f"{checkpoint_dir}: no {RUN_CONFIG_FILE} in it or its parents; expected a "
@@ -89,8 +92,7 @@ def find_run_dir(checkpoint_dir: str) -> str:
 def load_run_config(workdir: str) -> _Fields:
     path = os.path.join(workdir, RUN_CONFIG_FILE)
     try:
-        with open(path) as f:
-            return _Fields(json.load(f))
+        return _Fields(json.loads(files.run_path(path).read_text(encoding="utf-8")))
     except (OSError, json.JSONDecodeError) as err:
         raise ExportError(f"{path}: cannot read the run's config ({err})") from None
 
@@ -111,8 +113,8 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
     `abstract_params`: ShapeDtypeStructs (with shardings) of the nnx.Param state."""
     import orbax.checkpoint as ocp
 
-    directory = os.path.abspath(directory)
-    if not os.path.isdir(directory):
+    directory = files.absolute(directory)
+    if not files.run_path(directory).is_dir():
         raise ExportError(f"checkpoint directory {directory} does not exist")
     steps = ocp.CheckpointManager(
         directory, options=ocp.CheckpointManagerOptions(read_only=True)).all_steps()
@@ -122,8 +124,8 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
     if step not in steps:
         raise ExportError(f"{directory}: no step {step} (steps: {sorted(steps)})")
     step_dir = os.path.join(directory, str(step))
-    items = sorted(n for n in os.listdir(step_dir)
-                   if os.path.isdir(os.path.join(step_dir, n)) and not n.startswith("_"))
+    items = sorted(p.name for p in files.run_path(step_dir).iterdir()
+                   if p.is_dir() and not p.name.startswith("_"))
     checkpointer = ocp.PyTreeCheckpointer()
     restore_args = ocp.checkpoint_utils.construct_restore_args
     if "params" in items:
@@ -161,18 +163,26 @@ def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
     workdir = find_run_dir(checkpoint)
     run_cfg = load_run_config(workdir)
     config = model_config(run_cfg)
-    data_dir = run_cfg.data.data_dir or os.path.join(workdir, "tfds")
+    data_dir = run_cfg.data.data_dir or files.local_dir_for(workdir, "tfds")
     tokenizer_dir = tokenizer or world_assets.tokenizer_dir(run_cfg, data_dir)
     chat = ChatFormat.from_pretrained(tokenizer_dir)  # fails early, naming the directory
     if chat.id_count > config.vocab_size:
         raise ExportError(f"tokenizer {tokenizer_dir} uses ids up to {chat.id_count - 1}, beyond "
                           f"the model's vocab_size {config.vocab_size}")
     step, params = restore_params(checkpoint, abstract_params(config), step)
-    save_params(config, params, out, dtype)
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(tokenizer_dir, name)):
-            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(out, name))
-    _write_generation_config(run_cfg, chat, out)
+    # safetensors writes local files: a remote `out` is written here first, then uploaded.
+    local_out = tempfile.mkdtemp(prefix="matpo_export_") if files.is_remote(out) else out
+    try:
+        save_params(config, params, local_out, dtype)
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(tokenizer_dir, name)):
+                shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(local_out, name))
+        _write_generation_config(run_cfg, chat, local_out)
+        if local_out != out:
+            files.copy_tree(local_out, out)
+    finally:
+        if local_out != out:
+            shutil.rmtree(local_out, ignore_errors=True)
     return Exported(out=out, step=step, config=config, tokenizer_dir=tokenizer_dir)
 
 

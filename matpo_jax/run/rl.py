@@ -18,6 +18,7 @@ from flax import nnx
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.report import files
 from matpo_jax.run import sft as sft_lib
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.agents.rollout_metrics import rollout_stats
@@ -93,7 +94,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
                               scfg, rt.mesh)
     steps = _RLSteps(rt, loop, iter(question_loader(rt)), scfg, evaluate_fn)
     # Which questions each step trained on: a resumed run must consume the same stream.
-    with open(rt.path(CONSUMED_FILE), "a", encoding="utf-8") as steps.consumed:
+    with files.open_append(rt.path(CONSUMED_FILE)) as steps.consumed:
         return loop.run(steps, writer=writer, data=steps.questions, after_step=steps.after_step)
 
 

@@ -54,7 +54,7 @@ from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
 from matpo_jax.sampler.host_transfer import (HostTraffic, flat_widths, nbytes, pack_rows,
                                              unpack_rows)
-from matpo_jax.sampler.ops import Sampling, SamplingConfigError, row_keys, sample_tokens
+from matpo_jax.sampler.ops import Sampling, SamplingConfigError, draw_keys, sample_tokens
 from matpo_jax.sampler.writes import (PrefixStore, build_prefix_store, copy_prefixes, inject,
                                       prefix_store_shape)
 
@@ -114,13 +114,19 @@ class SlotInjection:
     # int32[B] or None: the token cap of the turn a slot starts after this injection (one that
     # receives tokens or stopped); 0 = max_turn, the default. E.g. a shorter final-summary turn.
     turn_cap: np.ndarray | None = None
+    # int32[B] or None: the sampling stream a slot's draws use from now on (-1 = keep its own):
+    # each draw's key is (rng, stream, cache position of the token), so a sequence given the
+    # same stream samples the same tokens in any slot and next to any other sequences. A slot
+    # never given one uses its row index.
+    stream: np.ndarray | None = None
 
     @classmethod
     def nothing(cls, slots: int, width: int = 1) -> "SlotInjection":
         """An injection that writes nothing and leaves every slot idle; hosts fill it in place."""
         return cls(tokens=np.zeros((slots, width), np.int32), num=np.zeros(slots, np.int32),
                    reset=np.zeros(slots, bool), active=np.zeros(slots, bool), done=False,
-                   prefix=np.full(slots, -1, np.int32), turn_cap=np.zeros(slots, np.int32))
+                   prefix=np.full(slots, -1, np.int32), turn_cap=np.zeros(slots, np.int32),
+                   stream=np.full(slots, -1, np.int32))
 
 
 class SlotHost(Protocol):
@@ -243,7 +249,7 @@ def _call_host(session_id, stopped, stop_reason, turn_len, cache_len, flat_token
     if answer is None:
         finish = SlotInjection.nothing(session.slots)
         answer = (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
-                  finish.turn_cap, np.bool_(True))
+                  finish.turn_cap, finish.stream, np.bool_(True))
     session.tokens = answer[0]
     control = answer[1:]
     session.traffic.add(0, nbytes(*control))
@@ -320,7 +326,12 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
             f"{start[slot]} tokens and the cache has max_len={max_len}")
     for slot in np.flatnonzero(active & (start + num == 0))[:1]:
         raise SlotProtocolError(f"SlotInjection.active[{slot}] is set but the slot is empty")
-    return tokens, num, reset, active, prefix, turn_cap, np.bool_(injection.done)
+    stream = (np.full(slots, -1, np.int32) if injection.stream is None
+              else field("stream", np.int32, (slots,)))
+    for slot in np.flatnonzero(stream < -1)[:1]:
+        raise SlotProtocolError(f"SlotInjection.stream[{slot}]={stream[slot]} is negative "
+                                "(-1 keeps the slot's stream)")
+    return tokens, num, reset, active, prefix, turn_cap, stream, np.bool_(injection.done)
 
 
 # ----------------------------------------------------------------------------- the jitted loop
@@ -336,7 +347,8 @@ class _LoopState(NamedTuple):
     turn_logprobs: jax.Array  # float32[B, max_turn]
     turn_len: jax.Array  # int32[B]
     turn_cap: jax.Array  # int32[B]: tokens the current turn may sample (<= max_turn)
-    decode_steps: jax.Array  # int32 scalar, also the RNG step
+    stream: jax.Array  # int32[B]: each slot's sampling stream (SlotInjection.stream)
+    decode_steps: jax.Array  # int32 scalar
     host_calls: jax.Array  # int32 scalar
     sampled_tokens: jax.Array  # int32 scalar
     done: jax.Array  # bool scalar
@@ -355,7 +367,8 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
     rows = jnp.arange(slots)
     full = s.cache.lengths >= max_len
     sampling_rows = s.active & ~full
-    tokens, logprobs = sample_tokens(s.logits, row_keys(rng, s.decode_steps, slots), sampling)
+    tokens, logprobs = sample_tokens(s.logits, draw_keys(rng, s.stream, s.cache.lengths),
+                                     sampling)
     # Rows that do not sample write to column max_turn, which mode="drop" discards.
     column = jnp.where(sampling_rows, s.turn_len, max_turn)
     turn_tokens = s.turn_tokens.at[rows, column].set(tokens, mode="drop")
@@ -390,6 +403,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
                      jax.ShapeDtypeStruct((slots,), jnp.bool_),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((), jnp.bool_))
     counts = jnp.where(s.stopped, s.turn_len, 0)
     widths = flat_widths(slots * max_turn)
@@ -406,7 +420,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
         return call
 
     chosen = jnp.sum(jnp.asarray(widths) < jnp.sum(counts))
-    num, reset, active, prefix, turn_cap, done = jax.lax.switch(
+    num, reset, active, prefix, turn_cap, stream, done = jax.lax.switch(
         chosen, [call_host_with(width) for width in widths], None)
     cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
     logits = s.logits
@@ -421,7 +435,8 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
     return constrain(s._replace(
         cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
         stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
-        turn_cap=turn_cap, host_calls=s.host_calls + 1, done=done))
+        turn_cap=turn_cap, stream=jnp.where(stream >= 0, stream, s.stream),
+        host_calls=s.host_calls + 1, done=done))
 
 
 def _state_constraint(mesh: Mesh | None):
@@ -478,6 +493,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
         turn_logprobs=jnp.zeros((slots, max_turn), jnp.float32),
         turn_len=jnp.zeros((slots,), jnp.int32),
         turn_cap=jnp.full((slots,), max_turn, jnp.int32),
+        stream=jnp.arange(slots, dtype=jnp.int32),
         decode_steps=jnp.int32(0), host_calls=jnp.int32(0), sampled_tokens=jnp.int32(0),
         done=jnp.bool_(False)))
 
@@ -604,6 +620,7 @@ class _PromptQueueHost:
                 injection.tokens[slot, :len(prompt)] = prompt
                 injection.num[slot] = len(prompt)
                 injection.reset[slot] = True
+                injection.stream[slot] = index  # a prompt samples alike in any slot
             injection.active[slot] = index is not None
         injection.done = not injection.active.any()
         return injection

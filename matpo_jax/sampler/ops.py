@@ -79,11 +79,14 @@ def truncate_top_p(logits: jax.Array, p: float) -> jax.Array:
     return jnp.where(logits < threshold, _NEG_INF, logits)
 
 
-def row_keys(rng: jax.Array, step: jax.Array, batch: int) -> jax.Array:
-    """One key per row and step: fold_in(fold_in(rng, step), row), so a row's draws do not depend
-    on how many other rows share the batch."""
-    step_key = jax.random.fold_in(rng, step)
-    return jax.vmap(lambda row: jax.random.fold_in(step_key, row))(jnp.arange(batch))
+def draw_keys(rng: jax.Array, streams: jax.Array, positions: jax.Array) -> jax.Array:
+    """One key per row: fold_in(fold_in(rng, stream), position). A draw depends only on the
+    trajectory's stream id (set by the host when a sequence takes a slot) and the cache position
+    of the token it samples, never on the slot it sits in, the decode step or which other
+    trajectories share the batch: a trajectory samples the same tokens wherever it runs (one
+    process or several, any slot, re-prefilled elsewhere after an eviction)."""
+    return jax.vmap(lambda stream, position: jax.random.fold_in(
+        jax.random.fold_in(rng, stream), position))(streams, positions)
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, sampling: Sampling

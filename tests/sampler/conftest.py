@@ -86,8 +86,9 @@ class ScriptedToolHost:
     turns it appends a fixed non-trainable "tool response" chunk. More prompts than slots queue up
     and reuse freed slots. It rebuilds every sequence token-in, token-out and logs each event."""
 
-    def __init__(self, prompts, slots, chunk=(7, 8, 9, 10, 11), turns=2):
+    def __init__(self, prompts, slots, chunk=(7, 8, 9, 10, 11), turns=2, streams=None):
         self.pending = list(enumerate(prompts))[::-1]
+        self.streams = streams  # per prompt: its SlotInjection.stream (None: the slots' own)
         self.slot_seq = [None] * slots
         self.chunk = list(chunk)
         self.turns = turns
@@ -128,6 +129,8 @@ class ScriptedToolHost:
                 self.slot_seq[slot] = seq
                 self.slots_used[seq].add(slot)
                 self._write(injection, slot, prompt, reset=True)
+                if self.streams is not None:
+                    injection.stream[slot] = self.streams[seq]
             injection.active[slot] = seq is not None
         injection.done = not injection.active.any()
         self.calls += 1

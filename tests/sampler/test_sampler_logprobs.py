@@ -65,6 +65,35 @@ def test_same_key_same_tokens_other_key_other_tokens(rollouts, sample_rollouts):
     assert other.tokens != rollouts.tokens
 
 
+def test_a_stream_samples_the_same_tokens_in_any_slot_and_any_company(
+        split_model, scripted_host, shapes):
+    """A draw's key is (rng, stream, cache position): the same sequence samples the same tokens
+    whichever slot it lands in and whichever other sequences share the batch (what makes a
+    multi-process run sample what a one-process run samples)."""
+    graphdef, state = split_model
+    sampling = Sampling(temperature=TEMPERATURE, top_p=TOP_P, max_turn_tokens=shapes.max_turn)
+
+    def sample(prompt_ids):
+        host = scripted_host([PROMPTS[i] for i in prompt_ids], shapes.slots, turns=2,
+                             streams=[100 + i for i in prompt_ids])
+        run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len,
+                  sampling=sampling, rng=jax.random.key(3))
+        return {i: (tokens, host.slots_used[k]) for k, (i, tokens)
+                in enumerate(zip(prompt_ids, host.tokens))}
+
+    together = sample([0, 1, 2, 3])  # prompt 3 waits for a free slot
+    alone = sample([3])  # slot 0, nobody else
+    reordered = sample([2, 3, 1])  # slot 1, other neighbours
+    assert together[3][1] != alone[3][1] or alone[3][1] != reordered[3][1]
+    assert alone[3][0] == together[3][0] == reordered[3][0]
+    assert reordered[1][0] == together[1][0] and reordered[2][0] == together[2][0]
+    # The streams differ, so do the draws: prompt 0 under prompt 1's stream samples otherwise.
+    host = scripted_host([PROMPTS[1]], shapes.slots, turns=2, streams=[100])
+    run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len,
+              sampling=sampling, rng=jax.random.key(3))
+    assert host.tokens[0] != together[1][0]
+
+
 def test_truncations_keep_the_expected_tokens():
     logits = jnp.log(jnp.array([[0.05, 0.5, 0.15, 0.3]]))
     kept = lambda x: np.flatnonzero(np.isfinite(np.asarray(x[0]))).tolist()

@@ -15,6 +15,8 @@ import numpy as np
 import loop_worker
 from test_loop import logged_rows
 
+from fixtures.compile_cache import cache_env
+
 STEPS, SEEDS = 20, range(5)
 WORKER = os.path.abspath(loop_worker.__file__)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(WORKER)))
@@ -31,10 +33,7 @@ def test_kill_9_at_random_points_then_a_torn_checkpoint_end_like_an_uninterrupte
         tmp_path, compilation_cache_dir):
     reference = loop_worker.run(str(tmp_path / "reference"), STEPS)
     workdir = str(tmp_path / "killed")
-    env = dict(os.environ, PYTHONPATH=REPO, STEP_SLEEP="0.05",
-               JAX_COMPILATION_CACHE_DIR=compilation_cache_dir,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env = dict(os.environ, PYTHONPATH=REPO, STEP_SLEEP="0.05", **cache_env(compilation_cache_dir))
     command = [sys.executable, WORKER, workdir, str(STEPS)]
     resumed_from = []
     for seed in SEEDS:
