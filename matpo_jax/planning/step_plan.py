@@ -240,6 +240,61 @@ def _train_fit(ts: dict, inputs: PlanInputs, topology: Topology) -> dict:
     return ts
 
 
+def _train_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params, frozen,
+                 search_micro_batches: bool) -> dict:
+    """train_step; with the search, the micro-batch counts tried and the first that fits."""
+    ts = _train_fit(train_step_plan(inputs, mesh, graphdef, params, frozen), inputs, topology)
+    out = {"train_step": ts}
+    attempt = inputs
+    while search_micro_batches and not ts["fits"] and ts["rows_per_micro_batch_per_chip"] > 1:
+        attempt = dataclasses.replace(attempt, step=dataclasses.replace(
+            attempt.step, micro_batches=attempt.step.micro_batches * 2))
+        ts = _train_fit(train_step_plan(attempt, mesh, graphdef, params, frozen), attempt,
+                        topology)
+        out.setdefault("micro_batches_tried", []).append(
+            {"micro_batches": ts["micro_batches"], "fits": ts["fits"],
+             "peak": ts["memory_per_chip"]["peak"], "compile_s": ts["compile_s"]})
+    if ts["fits"] and ts is not out["train_step"]:
+        out["train_step_fitting"] = ts
+    return out
+
+
+def _decode_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params, frozen,
+                  attempts: int) -> dict:
+    """decode_step; when the configured slots do not fit, the counts tried and the largest that
+    fits: each compile's estimate is the next count (the estimate is linear in the slots, the
+    temporaries are not)."""
+    hbm = topology.chip.hbm_bytes
+    # During rollouts the optimizer state stays on the chips beside the sampler.
+    resident = accounting.per_chip_bytes(abstract_train_state(
+        params, frozen, step_lib.make_optimizer(inputs.optimizer), mesh)[0].opt_state)
+    ds = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen), hbm, resident)
+    memory = ds["memory_per_chip"]
+    # A decode step reads every parameter and the whole cache once: an HBM-bandwidth bound.
+    ds["step_time_s_lower_bound"] = (memory["parameters"] + memory["kv_cache"]) / \
+        topology.chip.hbm_bandwidth
+    out, shards = {"decode_step": ds}, ds["slot_shards"]
+    fitting, tried = (ds["slots_that_fit"] // shards) * shards, set()
+    while not ds["fits"] and fitting >= shards and fitting not in tried and len(tried) < attempts:
+        tried.add(fitting)
+        attempt = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen,
+                                               slots=fitting), hbm, resident)
+        out.setdefault("decode_slots_tried", []).append(
+            {"slots": fitting, "fits": attempt["fits"],
+             "peak_with_optimizer_state": attempt["peak_with_optimizer_state"],
+             "compile_s": attempt["compile_s"]})
+        best = out.get("decode_step_fitting_slots")
+        if attempt["fits"] and (best is None or attempt["slots"] > best["slots"]):
+            out["decode_step_fitting_slots"] = attempt
+        fitting = (attempt["slots_that_fit"] // shards) * shards
+        if attempt["fits"] and fitting <= attempt["slots"]:
+            break
+        if not attempt["fits"] and best is not None:
+            break  # the previous count fitted and this one does not: that is the answer
+        fitting = min(fitting, ds["slots"] - shards)
+    return out
+
+
 def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
               train: bool = True, search_micro_batches: bool = False,
               decode_slot_attempts: int = 3) -> dict:
@@ -266,54 +321,11 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
         "mfu": inputs.mfu,
     }
     if train:
-        ts = _train_fit(train_step_plan(inputs, mesh, graphdef, params, frozen), inputs,
-                        topology)
-        plan["train_step"] = ts
-        attempt = inputs
-        while search_micro_batches and not ts["fits"] and ts["rows_per_micro_batch_per_chip"] > 1:
-            attempt = dataclasses.replace(attempt, step=dataclasses.replace(
-                attempt.step, micro_batches=attempt.step.micro_batches * 2))
-            ts = _train_fit(train_step_plan(attempt, mesh, graphdef, params, frozen), attempt,
-                            topology)
-            plan.setdefault("micro_batches_tried", []).append(
-                {"micro_batches": ts["micro_batches"], "fits": ts["fits"],
-                 "peak": ts["memory_per_chip"]["peak"], "compile_s": ts["compile_s"]})
-        if ts["fits"] and ts is not plan["train_step"]:
-            plan["train_step_fitting"] = ts
+        plan.update(_train_plans(inputs, topology, mesh, graphdef, params, frozen,
+                                 search_micro_batches))
     if decode:
-        # During rollouts the optimizer state stays on the chips beside the sampler.
-        resident = accounting.per_chip_bytes(abstract_train_state(
-            params, frozen, step_lib.make_optimizer(inputs.optimizer), mesh)[0].opt_state)
-        ds = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen),
-                         chip.hbm_bytes, resident)
-        memory = ds["memory_per_chip"]
-        # A decode step reads every parameter and the whole cache once: an HBM-bandwidth bound.
-        ds["step_time_s_lower_bound"] = (memory["parameters"] + memory["kv_cache"]) / \
-            chip.hbm_bandwidth
-        plan["decode_step"] = ds
-        fitting = (ds["slots_that_fit"] // ds["slot_shards"]) * ds["slot_shards"]
-        tried = set()
-        # The configured slots do not fit: compile the count the last compile says should fit,
-        # keep the largest that does (the estimate is linear in the slots; temporaries are not).
-        while not ds["fits"] and fitting >= ds["slot_shards"] and fitting not in tried \
-                and len(tried) < decode_slot_attempts:
-            tried.add(fitting)
-            attempt = _decode_fit(
-                decode_step_plan(inputs, mesh, graphdef, params, frozen, slots=fitting),
-                chip.hbm_bytes, resident)
-            plan.setdefault("decode_slots_tried", []).append(
-                {"slots": fitting, "fits": attempt["fits"],
-                 "peak_with_optimizer_state": attempt["peak_with_optimizer_state"],
-                 "compile_s": attempt["compile_s"]})
-            best = plan.get("decode_step_fitting_slots")
-            if attempt["fits"] and (best is None or attempt["slots"] > best["slots"]):
-                plan["decode_step_fitting_slots"] = attempt
-            fitting = (attempt["slots_that_fit"] // ds["slot_shards"]) * ds["slot_shards"]
-            if attempt["fits"] and fitting <= attempt["slots"]:
-                break
-            if not attempt["fits"] and best is not None:
-                break  # the previous count fitted and this one does not: that is the answer
-            fitting = min(fitting, ds["slots"] - ds["slot_shards"])
+        plan.update(_decode_plans(inputs, topology, mesh, graphdef, params, frozen,
+                                  decode_slot_attempts))
     return plan
 
 
