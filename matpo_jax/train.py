@@ -43,12 +43,12 @@ def main(argv):
 
     cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())  # + the mesh check
     if _CHECK_FIT.value:  # an impossible config stops here, not in an OOM after SFT
-        from matpo_jax.planning.fit import summary
+        from matpo_jax.planning.fit import summary as fit_summary
         from matpo_jax.run.fit_check import check_config_fits
         budget = _HBM_PER_CHIP.value
         fits = check_config_fits(cfg, int(budget * 2**30) if budget else None)
         if fits is not None:
-            logging.info("memory check: %s", summary(fits))
+            logging.info("memory check: %s", fit_summary(fits))
     from matpo_jax.run.experiment import run_experiment
     summary = run_experiment(cfg, workdir, allow_config_change=_RUN.allow_config_change.value)
     logging.info("final evaluation: %s", json.dumps(summary.get("final_eval", {}), indent=1))
