@@ -17,10 +17,12 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU, run nothing: before jax loads
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -40,7 +42,24 @@ _SEARCH = flags.DEFINE_bool("search_micro_batches", True, "If the train step doe
 _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation for the step-time estimate.")
 _TRAIN = flags.DEFINE_bool("train", True, "Compile the train step.")
 _DECODE = flags.DEFINE_bool("decode", True, "Compile one sampler decode step.")
+_NOTE = flags.DEFINE_string("note", None, "A remark kept in the JSON and under plan.md's table.")
+_TAG = flags.DEFINE_string("tag", None, "Suffix of the JSON's name (a variant of a config, e.g. "
+                           "with --config.mesh.tensor=8).")
 _OUT = flags.DEFINE_string("out", None, "Directory for plan_<config>_<topology>.json + plan.md.")
+
+
+def _train_fit_check(inputs, topology) -> dict:
+    """What `train`'s check before any work (planning/fit.py) says of this config on the slice."""
+    from matpo_jax import parallel
+    from matpo_jax.config import ConfigError
+    from matpo_jax.planning import fit
+
+    mesh = parallel.make_mesh(inputs.mesh_shape, devices=topology.devices())
+    try:
+        estimate, refused = fit.check_fits(inputs, mesh, topology.chip.hbm_bytes), None
+    except ConfigError as error:
+        estimate, refused = fit.estimate(inputs, mesh, topology.chip.hbm_bytes), error.problems
+    return dict(dataclasses.asdict(estimate), passes=refused is None, refused=refused)
 
 
 def main(argv):
@@ -52,21 +71,28 @@ def main(argv):
     from matpo_jax.planning.topology import parse_topology
     from matpo_jax.run.plan_inputs import plan_inputs
 
+    started = time.perf_counter()
     topology = parse_topology(_TOPOLOGY.value)
     inputs = plan_inputs(to_typed(_CONFIG.value, check_files=False), rows=_ROWS.value, remat=_REMAT.value,
                          scan_layers=_SCAN.value, micro_batches=_MICRO.value, mfu=_MFU.value)
     plan = step_plan.make_plan(inputs, topology, decode=_DECODE.value, train=_TRAIN.value,
                                search_micro_batches=_SEARCH.value)
+    plan["train_fit_check"] = _train_fit_check(inputs, topology)
     config_path = flags.FLAGS["config"].serialize().split("=", 1)[-1]
-    plan.update(config=config_path.rsplit("/", 1)[-1],
-                command="python -m matpo_jax.plan " + " ".join(
-                    shlex.quote(a) for a in sys.argv[1:] if not a.startswith("--out")),
+    kept = [a for a in sys.argv[1:] if not a.startswith(("--out", "--note", "--tag"))]
+    overrides = [a.removeprefix("--config.") for a in kept if a.startswith("--config.")]
+    plan.update(config=config_path.rsplit("/", 1)[-1] + "".join(f" {o}" for o in overrides),
+                command="python -m matpo_jax.plan " + " ".join(shlex.quote(a) for a in kept),
                 machine=f"{platform.machine()}, {os.cpu_count()} CPUs")
+    plan["wall_s"] = round(time.perf_counter() - started, 1)
+    if _NOTE.value:
+        plan["note"] = _NOTE.value
     print("\n".join(step_plan.summary_lines(plan)))
     if _OUT.value:
         out = Path(_OUT.value)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{step_plan.plan_name(config_path, topology.name)}.json"
+        name = step_plan.plan_name(config_path, topology.name)
+        path = out / (f"{name}_{_TAG.value}.json" if _TAG.value else f"{name}.json")
         path.write_text(json.dumps(step_plan.as_json_ready(plan), indent=1) + "\n")
         print(f"wrote {path} and {report.write_markdown(out)}")
 

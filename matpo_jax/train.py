@@ -20,6 +20,11 @@ from matpo_jax import config as config_lib
 
 _RUN = config_lib.define_run_flags()
 _MULTIHOST = flags.DEFINE_bool("multihost", False, "Call jax.distributed.initialize() (TPU pods).")
+_CHECK_FIT = flags.DEFINE_bool(
+    "check_fit", True, "Before any work, refuse a config whose parameters, optimizer state and "
+    "KV cache cannot fit a chip's memory (TPU only, unless --hbm_per_chip_gib is given).")
+_HBM_PER_CHIP = flags.DEFINE_float(
+    "hbm_per_chip_gib", None, "Per-chip memory budget for --check_fit (default: the TPU's).")
 
 
 @config_lib.one_line_errors
@@ -37,6 +42,13 @@ def main(argv):
     import jax
 
     cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())  # + the mesh check
+    if _CHECK_FIT.value:  # an impossible config stops here, not in an OOM after SFT
+        from matpo_jax.planning.fit import summary as fit_summary
+        from matpo_jax.run.fit_check import check_config_fits
+        budget = _HBM_PER_CHIP.value
+        fits = check_config_fits(cfg, int(budget * 2**30) if budget else None)
+        if fits is not None:
+            logging.info("memory check: %s", fit_summary(fits))
     from matpo_jax.run.experiment import run_experiment
     summary = run_experiment(cfg, workdir, allow_config_change=_RUN.allow_config_change.value)
     logging.info("final evaluation: %s", json.dumps(summary.get("final_eval", {}), indent=1))

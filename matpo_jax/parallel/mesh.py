@@ -51,8 +51,16 @@ def make_mesh(shape: Mapping[str, int] | None = None, *, data: int = 1, fsdp: in
     devices = list(devices if devices is not None else jax.devices())
     sizes = resolve_mesh_shape(dict(shape) if shape is not None else
                                dict(data=data, fsdp=fsdp, tensor=tensor), len(devices))
-    return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
-                         axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    except NotImplementedError:
+        # An axis that is no product of whole torus axes (tensor 8 on a v5p-128's 4x4x4): split
+        # a physical axis (its collectives are slower) rather than refuse the mesh.
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

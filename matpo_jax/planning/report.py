@@ -13,61 +13,125 @@ def _fit(flag) -> str:
     return "yes" if flag else "**no**"
 
 
+def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
+    mesh = plan["mesh"]
+    row = [label, plan["topology"], f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
+    if ts:
+        m = ts["memory_per_chip"]
+        row += [f"{ts['rows']} x {ts['row_length']}, {ts['micro_batches']} micro ({ts['remat']})",
+                _gib(m["parameters"]), _gib(m["optimizer_state"]), _gib(m["gradients"]),
+                _gib(m["activations_and_other_temporaries"]), _gib(m["peak"]),
+                _fit(ts["fits"]), f"{ts['model_flops'] / 1e12:,.0f}",
+                f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}"]
+    else:
+        row += ["-"] + [""] * 8
+    if ds:
+        m = ds["memory_per_chip"]
+        row += [f"{ds['slots']} x {ds['max_context']}", _gib(m["kv_cache"]),
+                _gib(ds["peak_with_optimizer_state"]), _fit(ds["fits"]),
+                str(ds["slots_that_fit"])]
+    else:
+        row += ["-", "", "", "", ""]
+    row.append(_gib(plan["hbm_per_chip"]))
+    check = plan.get("train_fit_check")
+    row.append("" if check is None or label.startswith("...") else
+               "passes" if check["passes"] else "**refuses**")
+    return "| " + " | ".join(row) + " |"
+
+
+def _compile_times(plan: dict) -> str:
+    """Every compile of the plan, in order, and the whole command's wall time."""
+    parts = []
+    if "train_step" in plan:
+        parts.append(f"train step {plan['train_step']['compile_s']} s")
+    parts += [f"{t['micro_batches']} micro-batches {t['compile_s']} s"
+              for t in plan.get("micro_batches_tried", [])]
+    if "decode_step" in plan:
+        parts.append(f"decode step {plan['decode_step']['compile_s']} s")
+    parts += [f"{t['slots']} slots {t['compile_s']} s" for t in plan.get("decode_slots_tried", [])]
+    if "wall_s" in plan:
+        parts.append(f"{plan['wall_s'] / 60:.1f} min in all")
+    return ", ".join(parts)
+
+
+def memory_table(plans: list[dict]) -> list[str]:
+    """The short per-chip table (the README's): the configured shapes, whether each phase fits,
+    and what the plan found that fits."""
+    lines = ["| config | slice (chips) | mesh d, f, t | parameters | optimizer state | "
+             "activations + temp. | KV cache | train step fits | rollouts fit | decode slots "
+             "that fit | step s @ MFU | `train`'s check |", "|" + "---|" * 12]
+    for plan in plans:
+        ts, ds = plan.get("train_step"), plan.get("decode_step")
+        mesh = plan["mesh"]
+        row = [plan.get("config", "?").replace(".py", ""), f"{plan['topology']} ({plan['chips']})",
+               f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
+        memory = (ts or ds or {}).get("memory_per_chip", {})
+        row += [_gib(memory["parameters"]) if memory else "",
+                _gib(ts["memory_per_chip"]["optimizer_state"]) if ts else "",
+                _gib(ts["memory_per_chip"]["activations_and_other_temporaries"]) if ts
+                else "not compiled",
+                f"{_gib(ds['memory_per_chip']['kv_cache'])} ({ds['slots']} slots)" if ds
+                else "not compiled"]
+        fitting = plan.get("train_step_fitting")
+        row.append("" if not ts else "yes" if ts["fits"] else
+                   f"**no**; yes with {fitting['micro_batches']} micro-batches "
+                   f"({_gib(fitting['memory_per_chip']['peak'])} peak)" if fitting else
+                   f"**no** ({_gib(ts['memory_per_chip']['peak'])} peak)")
+        row.append("" if not ds else "yes" if ds["fits"] else
+                   f"**no** ({_gib(ds['peak_with_optimizer_state'])} with the optimizer state)")
+        best = plan.get("decode_step_fitting_slots")
+        row.append(f"{ds['slots']} as configured (~{ds['slots_that_fit']} estimated)"
+                   if ds and ds["fits"] else
+                   f"{best['slots']} (compiled)" if best else "")
+        row.append(f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}" if ts else "")
+        check = plan.get("train_fit_check")
+        row.append("" if check is None else "passes" if check["passes"] else
+                   f"refuses ({check['slots_that_fit']} slots fit)")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def markdown(plans: list[dict]) -> str:
     lines = [
         "# Memory and FLOPs plans (compiled ahead of time for the TPU topology)", "",
+        "Per chip, GiB (the README's table):", "", *memory_table(plans), "",
+        "In full:", "",
         "Per chip, GiB. Train step: the real jitted `make_train_step` (RL objective, AdamW) "
         "compiled by libtpu for the topology from abstract shapes; parameters / optimizer state "
         "/ batch from the shardings, temporaries = compiled peak - live arguments and outputs "
         "(they hold the gradient accumulator, listed apart, and the activations). Decode step: "
         "one sampler step over every slot (`Qwen3ForCausalLM.decode`); its peak plus the "
         "optimizer state (resident during rollouts) against HBM. Step time = model FLOPs / "
-        "(chips x peak bf16 FLOP/s x MFU).", "",
+        "(chips x peak bf16 FLOP/s x MFU). `train`'s check: what `python -m matpo_jax.train` "
+        "decides before any work from parameters + optimizer state + gradients and parameters "
+        "+ optimizer state + KV cache per chip (planning/fit.py, no activations).", "",
         "| config | topology | mesh (data, fsdp, tensor) | rows x tokens (remat) | parameters | "
         "optimizer state | gradients | activations + other temp. | train peak | fits | "
         "TFLOPs / step | step s @ MFU | slots x context | KV cache | decode peak + opt. | fits "
-        "| slots that fit | HBM |",
-        "|" + "---|" * 18]
+        "| slots that fit | HBM | `train`'s check |",
+        "|" + "---|" * 19]
     for plan in plans:
-        ts, ds = plan.get("train_step"), plan.get("decode_step")
-        mesh = plan["mesh"]
-        row = [plan.get("config", "?"), plan["topology"],
-               f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
-        if ts:
-            m = ts["memory_per_chip"]
-            row += [f"{ts['rows']} x {ts['row_length']} ({ts['remat']})", _gib(m["parameters"]),
-                    _gib(m["optimizer_state"]), _gib(m["gradients"]),
-                    _gib(m["activations_and_other_temporaries"]), _gib(m["peak"]),
-                    _fit(ts["fits"]), f"{ts['model_flops'] / 1e12:,.0f}",
-                    f"{ts['step_time_s_at_mfu']:.1f} @ {plan['mfu']:.0%}"]
-        else:
-            row += ["not compiled"] + [""] * 8
-        if ds:
-            m = ds["memory_per_chip"]
-            row += [f"{ds['slots']} x {ds['max_context']}", _gib(m["kv_cache"]),
-                    _gib(ds["peak_with_optimizer_state"]), _fit(ds["fits"]),
-                    str(ds["slots_that_fit"])]
-        else:
-            row += ["not compiled", "", "", "", ""]
-        row.append(_gib(plan["hbm_per_chip"]))
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Commands and compile times:", ""]
+        lines.append(_row(plan, plan.get("train_step"), plan.get("decode_step"),
+                          plan.get("config", "?")))
+        ts, ds = plan.get("train_step_fitting"), plan.get("decode_step_fitting_slots")
+        if ts or ds:  # what the plan found that fits, when the configured shapes do not
+            lines.append(_row(plan, ts, ds, "... what fits"))
+    lines += ["", "Commands and compile times (wall clock, on a 2-core machine shared with other "
+              "work while they ran):", ""]
     for plan in plans:
-        times = ", ".join(f"{k} {plan[k]['compile_s']} s" for k in ("train_step", "decode_step")
-                          if k in plan)
-        lines.append(f"- `{plan.get('command', '')}` ({times}; {plan.get('machine', '')})")
-    notes = [p["note"] for p in plans if p.get("note")]
+        lines.append(f"- `{plan.get('command', '')}`: {_compile_times(plan)}; "
+                     f"{plan.get('machine', '')}")
+    notes = [f"{p.get('config', '?')} on {p['topology']}: {p['note']}" for p in plans
+             if p.get("note")]
     if notes:
-        lines += ["", *[f"- {n}" for n in notes]]
+        lines += ["", "Notes:", "", *[f"- {n}" for n in notes]]
     return "\n".join(lines) + "\n"
 
 
 def write_markdown(results_dir: str | Path, name: str = "plan.md") -> Path:
     results_dir = Path(results_dir)
     plans = [json.loads(p.read_text()) for p in sorted(results_dir.glob("plan_*.json"))]
-    order = {"0_6b": 0, "4b": 1, "14b": 2}
-    plans.sort(key=lambda p: (next((v for k, v in order.items() if k in p.get("config", "")), 9),
-                              p["topology"]))
+    plans.sort(key=lambda p: (p["model"]["parameters"], p["topology"], p.get("config", "")))
     out = results_dir / name
     out.write_text(markdown(plans))
     return out

@@ -39,6 +39,7 @@ class PlanInputs:
     optimizer: step_lib.OptimizerConfig
     decode_slots: int  # sampler slots (the KV cache's batch)
     max_context: int  # KV cache length per slot
+    max_turn: int = 0  # tokens one turn may generate (the sampler's per-slot turn buffers)
     mfu: float = 0.4  # model FLOPs utilisation assumed for the step-time estimate
 
 
@@ -55,14 +56,7 @@ def abstract_model(config: Qwen3Config):
 
 def abstract_train_state(params, frozen, tx: optax.GradientTransformation, mesh):
     """The TrainState as sharded ShapeDtypeStructs, and its shardings (as init_train_state)."""
-    def build(params, frozen):
-        return step_lib.TrainState(
-            params=params, opt_state=tx.init(params), frozen=frozen,
-            step=jnp.zeros((), jnp.int32), optimizer_steps=jnp.zeros((), jnp.int32),
-            skipped_steps=jnp.zeros((), jnp.int32),
-            rng=jax.random.key_data(jax.random.key(0)))
-
-    shapes = jax.eval_shape(build, params, frozen)
+    shapes = jax.eval_shape(lambda p, f: step_lib.fresh_train_state(p, f, tx), params, frozen)
     shardings = step_lib.state_shardings(shapes, tx, mesh)
     return _with_shardings(shapes, shardings), shardings
 
@@ -246,13 +240,71 @@ def _train_fit(ts: dict, inputs: PlanInputs, topology: Topology) -> dict:
     return ts
 
 
+def _train_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params, frozen,
+                 search_micro_batches: bool) -> dict:
+    """train_step; with the search, the micro-batch counts tried and the first that fits."""
+    ts = _train_fit(train_step_plan(inputs, mesh, graphdef, params, frozen), inputs, topology)
+    out = {"train_step": ts}
+    attempt = inputs
+    while search_micro_batches and not ts["fits"] and ts["rows_per_micro_batch_per_chip"] > 1:
+        attempt = dataclasses.replace(attempt, step=dataclasses.replace(
+            attempt.step, micro_batches=attempt.step.micro_batches * 2))
+        ts = _train_fit(train_step_plan(attempt, mesh, graphdef, params, frozen), attempt,
+                        topology)
+        out.setdefault("micro_batches_tried", []).append(
+            {"micro_batches": ts["micro_batches"], "fits": ts["fits"],
+             "peak": ts["memory_per_chip"]["peak"], "compile_s": ts["compile_s"]})
+    if ts["fits"] and ts is not out["train_step"]:
+        out["train_step_fitting"] = ts
+    return out
+
+
+def _decode_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params, frozen,
+                  attempts: int) -> dict:
+    """decode_step; when the configured slots do not fit, the counts tried and the largest that
+    fits: each compile's estimate is the next count (the estimate is linear in the slots, the
+    temporaries are not)."""
+    hbm = topology.chip.hbm_bytes
+    # During rollouts the optimizer state stays on the chips beside the sampler.
+    resident = accounting.per_chip_bytes(abstract_train_state(
+        params, frozen, step_lib.make_optimizer(inputs.optimizer), mesh)[0].opt_state)
+    ds = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen), hbm, resident)
+    memory = ds["memory_per_chip"]
+    # A decode step reads every parameter and the whole cache once: an HBM-bandwidth bound.
+    ds["step_time_s_lower_bound"] = (memory["parameters"] + memory["kv_cache"]) / \
+        topology.chip.hbm_bandwidth
+    out, shards = {"decode_step": ds}, ds["slot_shards"]
+    fitting, tried = (ds["slots_that_fit"] // shards) * shards, set()
+    while not ds["fits"] and fitting >= shards and fitting not in tried and len(tried) < attempts:
+        tried.add(fitting)
+        attempt = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen,
+                                               slots=fitting), hbm, resident)
+        out.setdefault("decode_slots_tried", []).append(
+            {"slots": fitting, "fits": attempt["fits"],
+             "peak_with_optimizer_state": attempt["peak_with_optimizer_state"],
+             "compile_s": attempt["compile_s"]})
+        best = out.get("decode_step_fitting_slots")
+        if attempt["fits"] and (best is None or attempt["slots"] > best["slots"]):
+            out["decode_step_fitting_slots"] = attempt
+        fitting = (attempt["slots_that_fit"] // shards) * shards
+        if attempt["fits"] and fitting <= attempt["slots"]:
+            break
+        if not attempt["fits"] and best is not None:
+            break  # the previous count fitted and this one does not: that is the answer
+        fitting = min(fitting, ds["slots"] - shards)
+    return out
+
+
 def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
-              train: bool = True, search_micro_batches: bool = False) -> dict:
+              train: bool = True, search_micro_batches: bool = False,
+              decode_slot_attempts: int = 3) -> dict:
     """The whole plan as a JSON-ready dict: both steps' memory against the chip's HBM, the train
     step's FLOPs and its time at `inputs.mfu`, the decode slots that fit. With
     search_micro_batches, a train step that does not fit is compiled again with twice the
     micro-batches (the same update, less activation memory) until it fits or a micro-batch is
-    one row per chip; the first that fits is `train_step_fitting`."""
+    one row per chip; the first that fits is `train_step_fitting`. Configured decode slots that
+    do not fit are followed by up to `decode_slot_attempts` compiles of the count estimated to
+    fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
     graphdef, params, frozen = abstract_model(inputs.model)
@@ -269,37 +321,11 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
         "mfu": inputs.mfu,
     }
     if train:
-        ts = _train_fit(train_step_plan(inputs, mesh, graphdef, params, frozen), inputs,
-                        topology)
-        plan["train_step"] = ts
-        attempt = inputs
-        while search_micro_batches and not ts["fits"] and ts["rows_per_micro_batch_per_chip"] > 1:
-            attempt = dataclasses.replace(attempt, step=dataclasses.replace(
-                attempt.step, micro_batches=attempt.step.micro_batches * 2))
-            ts = _train_fit(train_step_plan(attempt, mesh, graphdef, params, frozen), attempt,
-                            topology)
-            plan.setdefault("micro_batches_tried", []).append(
-                {"micro_batches": ts["micro_batches"], "fits": ts["fits"],
-                 "peak": ts["memory_per_chip"]["peak"], "compile_s": ts["compile_s"]})
-        if ts["fits"] and ts is not plan["train_step"]:
-            plan["train_step_fitting"] = ts
+        plan.update(_train_plans(inputs, topology, mesh, graphdef, params, frozen,
+                                 search_micro_batches))
     if decode:
-        # During rollouts the optimizer state stays on the chips beside the sampler.
-        resident = accounting.per_chip_bytes(abstract_train_state(
-            params, frozen, step_lib.make_optimizer(inputs.optimizer), mesh)[0].opt_state)
-        ds = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen),
-                         chip.hbm_bytes, resident)
-        memory = ds["memory_per_chip"]
-        # A decode step reads every parameter and the whole cache once: an HBM-bandwidth bound.
-        ds["step_time_s_lower_bound"] = (memory["parameters"] + memory["kv_cache"]) / \
-            chip.hbm_bandwidth
-        plan["decode_step"] = ds
-        fitting = (ds["slots_that_fit"] // ds["slot_shards"]) * ds["slot_shards"]
-        if not ds["fits"] and fitting >= ds["slot_shards"]:
-            # The configured slots do not fit: compile the largest count that should, to check it.
-            plan["decode_step_fitting_slots"] = _decode_fit(
-                decode_step_plan(inputs, mesh, graphdef, params, frozen, slots=fitting),
-                chip.hbm_bytes, resident)
+        plan.update(_decode_plans(inputs, topology, mesh, graphdef, params, frozen,
+                                  decode_slot_attempts))
     return plan
 
 
@@ -356,6 +382,11 @@ def summary_lines(plan: dict) -> list[str]:
                      "decode step (HBM bandwidth)")
     if "decode_step_fitting_slots" in plan:
         lines += _decode_lines(plan["decode_step_fitting_slots"], "decode step, slots that fit")
+    check = plan.get("train_fit_check")
+    if check:
+        lines.append("train's check before any work: " + (
+            f"passes ({check['slots_that_fit']} decode slots fit)" if check["passes"]
+            else "refuses: " + " | ".join(check["refused"])))
     return lines
 
 

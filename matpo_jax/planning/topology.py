@@ -35,6 +35,16 @@ _SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128
               256: "4x8x8", 512: "8x8x8", 1024: "8x8x16"}
 
 
+# jax's device_kind of each chip (a TPU VM's own devices).
+_DEVICE_KINDS = {"tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e", "tpu v5": "v5p",
+                 "tpu v5p": "v5p", "tpu v6 lite": "v6e", "tpu v6e": "v6e"}
+
+
+def chip_for_device_kind(device_kind: str) -> Chip | None:
+    generation = _DEVICE_KINDS.get(device_kind.strip().lower())
+    return CHIPS[generation] if generation else None
+
+
 class TopologyError(ValueError):
     """A topology name this module cannot place (the message names it and the known forms)."""
 

@@ -26,4 +26,5 @@ def plan_inputs(cfg: ExperimentConfig, *, rows: int | None = None, remat: str | 
                       rows=rows or cfg.rl.pack_rows, row_length=cfg.rl.pack_len, step=step,
                       optimizer=runtime.optimizer_config(cfg, "rl"),
                       decode_slots=cfg.rollout.decode_slots,
-                      max_context=cfg.rollout.max_context, mfu=mfu)
+                      max_context=cfg.rollout.max_context,
+                      max_turn=cfg.rollout.max_new_tokens_per_turn, mfu=mfu)

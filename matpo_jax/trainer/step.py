@@ -17,6 +17,7 @@ split in contiguous blocks over devices, that keeps every micro-batch spread ove
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.struct
@@ -155,18 +156,21 @@ def state_shardings(state_shapes: TrainState, tx: optax.GradientTransformation, 
                       nonfinite_streak=replicated, rng=replicated)
 
 
+def fresh_train_state(params, frozen, tx: optax.GradientTransformation, seed: int = 0
+                      ) -> TrainState:
+    """The TrainState before the first step (traceable: the plan command builds it from shapes)."""
+    return TrainState(params=params, opt_state=tx.init(params), frozen=frozen,
+                      step=jnp.zeros((), jnp.int32), optimizer_steps=jnp.zeros((), jnp.int32),
+                      skipped_steps=jnp.zeros((), jnp.int32),
+                      nonfinite_streak=jnp.zeros((), jnp.int32),
+                      rng=jax.random.key_data(jax.random.key(seed)))
+
+
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh, *,
                      rules=None, seed: int = 0):
     """Splits the model and builds a sharded TrainState. Returns (graphdef, state, shardings)."""
     graphdef, params, frozen = nnx.split(model, nnx.Param, ...)
-
-    def build(params, frozen):
-        return TrainState(params=params, opt_state=tx.init(params), frozen=frozen,
-                          step=jnp.zeros((), jnp.int32), optimizer_steps=jnp.zeros((), jnp.int32),
-                          skipped_steps=jnp.zeros((), jnp.int32),
-                          nonfinite_streak=jnp.zeros((), jnp.int32),
-                          rng=jax.random.key_data(jax.random.key(seed)))
-
+    build = functools.partial(fresh_train_state, tx=tx, seed=seed)
     shardings = state_shardings(jax.eval_shape(build, params, frozen), tx, mesh, rules)
     state = jax.jit(build, out_shardings=shardings)(params, frozen)
     return graphdef, state, shardings

@@ -82,16 +82,41 @@ def test_decode_slots_that_do_not_fit_are_found_and_the_fitting_count_compiles(t
     assert not decode["memory_per_chip"]["compiled"]
     assert "RESOURCE_EXHAUSTED" in decode["memory_per_chip"]["xla_message"]
     assert 0 < decode["slots_that_fit"] < 128
-    fitting = tiny_plan["decode_step_fitting_slots"]
-    assert fitting["slots"] == decode["slots_that_fit"] and fitting["fits"]
-    assert fitting["memory_per_chip"]["compiled"]
+    tried = tiny_plan["decode_slots_tried"]
+    assert tried[0]["slots"] == decode["slots_that_fit"] and len(tried) <= 3
+    assert all(t["slots"] < 128 and t["slots"] % 4 == 0 for t in tried)
+    fitting = tiny_plan["decode_step_fitting_slots"]  # the largest count that compiled and fits
+    assert fitting["fits"] and fitting["memory_per_chip"]["compiled"]
+    assert fitting["slots"] == max(t["slots"] for t in tried if t["fits"])
+    assert fitting["peak_with_optimizer_state"] <= CHIPS["v5e"].hbm_bytes
 
 
 def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
     plan = dict(tiny_plan, config="tiny.py", command="python -m matpo_jax.plan ...")
     (tmp_path / "plan_tiny_v5e_2x2.json").write_text(json.dumps(step_plan.as_json_ready(plan)))
     text = report.write_markdown(tmp_path).read_text()
+    # The short table (the README's) first: the train step fits, the configured decode batch
+    # does not, and the slot count that compiled and fits is named.
+    short = next(line for line in text.splitlines() if line.startswith("| tiny |")).split(" | ")
+    assert short[1:3] == ["v5e:2x2 (4)", "1, 4, 1"] and short[7] == "yes"
+    assert short[8].startswith("**no**")
+    assert short[9] == f"{plan['decode_step_fitting_slots']['slots']} (compiled)"
     row = next(line for line in text.splitlines() if line.startswith("| tiny.py"))
-    assert "| v5e:2x2 | 1, 4, 1 | 4 x 128 (full) |" in row
+    assert "| v5e:2x2 | 1, 4, 1 | 4 x 128, 1 micro (full) |" in row
     assert row.count("**no**") == 1  # the train step fits, the configured decode batch does not
     assert np.isfinite(float(row.split("|")[5]))
+    # The decode slots that do fit, compiled, on the row below.
+    fitting = text.splitlines()[text.splitlines().index(row) + 1]
+    assert fitting.startswith("| ... what fits") and "**no**" not in fitting
+    assert f"| {plan['decode_step_fitting_slots']['slots']} x {2 ** 23} |" in fitting
+
+
+def test_a_mesh_axis_that_splits_a_torus_axis_is_laid_out():
+    """The 14B config's fsdp 8 x tensor 8 on a v5p-128 (4x4x4 chips): 8 is no product of whole
+    torus axes, which jax.make_mesh refuses; parallel.make_mesh splits one instead."""
+    pytest.importorskip("libtpu", reason="TPU topologies need libtpu: pip install -e .[tpu]")
+    from matpo_jax import parallel
+    devices = parse_topology("v5p-128").devices()
+    mesh = parallel.make_mesh(dict(data=1, fsdp=-1, tensor=8), devices=devices)
+    assert dict(mesh.shape) == dict(data=1, fsdp=8, tensor=8)
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)

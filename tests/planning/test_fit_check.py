@@ -1,0 +1,98 @@
+"""`train` refuses a config that cannot fit the chips before any work: the analytic fit check
+(planning/fit.py) on a tiny config laid out over the 8 simulated CPU devices against small
+pretend per-chip budgets, and the one-line refusal through the train entry point."""
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from matpo_jax.config import ConfigError, load_config_file, to_typed
+from matpo_jax.planning import fit, step_plan
+from matpo_jax.run.fit_check import check_config_fits
+from matpo_jax.run.plan_inputs import plan_inputs
+from matpo_jax.run.runtime import make_mesh, model_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "configs", "synthetic_tiny.py")
+GIB = 2 ** 30
+
+
+def tiny(decode_slots=32, **mesh):
+    c = load_config_file(TINY)
+    c.rollout.decode_slots = decode_slots
+    c.mesh.update(**mesh)
+    return to_typed(c, check_files=False)
+
+
+def test_the_figures_are_the_sharded_layout_of_parameters_moments_and_kv_cache():
+    cfg = tiny(decode_slots=32, data=1, fsdp=4, tensor=2)
+    estimate = check_config_fits(cfg, GIB)
+    assert estimate is not None
+    _, params, _ = step_plan.abstract_model(model_config(cfg.model))
+    # Every parameter, its own float32 bytes, cut by the shards the partition rules give it.
+    whole = sum(math.prod(p.shape) * np.dtype(p.dtype).itemsize for p in jax.tree.leaves(params))
+    assert whole / 8 <= estimate.parameters < whole  # split (FSDP x tensor), norms whole
+    assert estimate.gradients == estimate.parameters
+    assert 2 * estimate.parameters <= estimate.optimizer_state <= 2 * estimate.parameters + 64
+    arch = cfg.model.arch
+    # 32 slots over data x fsdp = 4: 8 per chip; kv heads over tensor = 2; K and V in bfloat16.
+    per_slot = (arch.num_hidden_layers * arch.num_key_value_heads // 2 * arch.head_dim
+                * cfg.rollout.max_context * 2 * np.dtype(cfg.model.dtype).itemsize)
+    assert estimate.kv_cache == 8 * per_slot
+    assert estimate.slots_that_fit >= 32
+
+
+def test_too_many_decode_slots_are_refused_in_one_line_naming_the_fields():
+    cfg = tiny(decode_slots=32)  # fsdp over all 8 devices
+    roomy = check_config_fits(cfg, GIB)
+    per_slot = (roomy.kv_cache + roomy.slot_buffers) // 4  # 4 slots per chip
+    budget = roomy.parameters + roomy.optimizer_state + roomy.gradients + 2 * per_slot
+    with pytest.raises(ConfigError) as refused:
+        check_config_fits(cfg, budget)
+    message = str(refused.value)
+    assert "\n" not in message and len(refused.value.problems) == 1
+    assert message.startswith("rollout.decode_slots=32 cannot fit")
+    assert "rollout.max_context=1024" in message and "mesh data=1, fsdp=8, tensor=1" in message
+    assert "16 slots fit" in message  # 2 per chip x 8 shards: the count the check then accepts
+    assert check_config_fits(tiny(decode_slots=16), budget).slots_that_fit == 16
+
+
+def test_a_model_too_large_for_its_chips_names_the_mesh():
+    cfg = tiny(decode_slots=8, data=8, fsdp=1, tensor=1)  # parameters replicated on every chip
+    roomy = check_config_fits(cfg, GIB)
+    with pytest.raises(ConfigError) as refused:
+        check_config_fits(cfg, roomy.train_step_minimum - 1)
+    problems = refused.value.problems
+    assert problems[0].startswith("the train step cannot fit") and "mesh.fsdp" in problems[0]
+    assert "mesh data=8, fsdp=1, tensor=1" in problems[0]
+    # Rollouts hold no gradients: one slot per chip fits where the gradients would be.
+    assert len(problems) == 1
+    # The same model spread over the 8 chips fits that budget.
+    assert check_config_fits(tiny(decode_slots=8, data=1, fsdp=8),
+                             roomy.train_step_minimum - 1) is not None
+
+
+def test_off_tpu_without_a_budget_there_is_nothing_to_check():
+    assert jax.devices()[0].platform == "cpu"
+    assert check_config_fits(tiny()) is None
+
+
+def test_train_stops_before_any_work_with_one_line(tmp_path):
+    cfg = tiny()
+    roomy = fit.estimate(plan_inputs(cfg), make_mesh(cfg), GIB)
+    # Per chip of the one CPU device the subprocess sees: everything on one chip.
+    budget_gib = (8 * roomy.train_step_minimum) / GIB  # >= the 1-device figures but no KV cache
+    workdir = tmp_path / "run"
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-m", "matpo_jax.train", f"--config={TINY}", f"--workdir={workdir}",
+         f"--hbm_per_chip_gib={budget_gib}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "rollout.decode_slots" in line]
+    assert len(lines) == 1 and "cannot fit" in lines[0] and "slots fit" in lines[0], done.stderr
+    assert not (workdir / "config.json").exists()  # refused before the run wrote anything
