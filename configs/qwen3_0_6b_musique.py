@@ -24,5 +24,8 @@ def get_config(arg=None):
                         head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
                         max_position_embeddings=40960)
     c.mesh.update(data=1, fsdp=-1, tensor=1)  # 16 heads / 8 kv heads: plain FSDP on a v5e-8
-    c.rollout.decode_slots = 32
+    # What fits a v5e-8's 16 GiB per chip (benchmarks/results/plan.md): the 16 x 40,960-token
+    # train batch in 2 micro-batches, and 16 decode slots of 40,960 tokens.
+    c.rl.micro_batches = 2
+    c.rollout.decode_slots = 16
     return c

@@ -48,10 +48,10 @@ class WorldAssets:
 def world_config(cfg) -> synthetic_multihop.SyntheticMultihopConfig:
     data = cfg.data
     return synthetic_multihop.make_config(
-        seed=int(data.world_seed), num_entities=int(data.num_entities), noise=float(data.noise),
-        num_questions=int(data.num_questions), max_hops=int(data.max_hops),
-        fact_style=str(data.fact_style), sft_fraction=float(data.sft_fraction),
-        name_words=int(data.name_words))
+        seed=data.world_seed, num_entities=data.num_entities, noise=data.noise,
+        num_questions=data.num_questions, max_hops=data.max_hops,
+        fact_style=data.fact_style, sft_fraction=data.sft_fraction,
+        name_words=data.name_words)
 
 
 def question_from_record(record: dict) -> synthetic_world.Question:
@@ -121,7 +121,7 @@ def _prepare_world(cfg, data_dir: str) -> WorldAssets:
         tokenizer_dir = _trained_tokenizer_dir(builder, cfg)
         if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
             tmp = tokenizer_dir + ".tmp"
-            train_tokenizer(_tokenizer_texts(builder, corpus), int(cfg.model.arch.vocab_size), tmp)
+            train_tokenizer(_tokenizer_texts(builder, corpus), cfg.model.arch.vocab_size, tmp)
             os.replace(tmp, tokenizer_dir)  # atomic: a crash never leaves a half-written tokenizer
         chat = ChatFormat.from_pretrained(tokenizer_dir)
     return WorldAssets(config=config, data_dir=data_dir, builder=builder, corpus_path=corpus,
@@ -151,7 +151,7 @@ def tokenizer_dir(cfg, data_dir: str) -> str:
 
 
 def _trained_tokenizer_dir(builder, cfg) -> str:
-    return os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{int(cfg.model.arch.vocab_size)}")
+    return os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{cfg.model.arch.vocab_size}")
 
 
 def checkpoint_tokenizer(cfg) -> tuple[str, ChatFormat]:
@@ -168,7 +168,7 @@ def checkpoint_tokenizer(cfg) -> tuple[str, ChatFormat]:
         except CheckpointFormatError as err:
             raise ConfigError(f"model.hf_checkpoint: {err}") from None
     else:
-        rows, rows_field = int(cfg.model.arch.vocab_size), "model.arch.vocab_size"
+        rows, rows_field = cfg.model.arch.vocab_size, "model.arch.vocab_size"
     if chat.id_count > rows:
         raise ConfigError(f"{rows_field} = {rows}: the tokenizer in {path} ({field}) uses ids up to "
                           f"{chat.id_count - 1}; the model needs at least {chat.id_count} rows")

@@ -37,12 +37,12 @@ def tool_text(toolbox, name: str, max_chars: int):
 
 def demonstration_split(cfg) -> str:
     """Where SFT demonstrations come from: the world's own `sft` split when it has one."""
-    return synthetic_world.SFT_SPLIT if float(cfg.data.sft_fraction) > 0 else "train"
+    return synthetic_world.SFT_SPLIT if cfg.data.sft_fraction > 0 else "train"
 
 
 def demonstrated_indices(cfg, num_records: int) -> np.ndarray:
     """Which records of the demonstration split SFT turns into demonstrations (seeded)."""
-    return numpy_rng(int(cfg.train.seed), 7).permutation(num_records)[: int(cfg.sft.num_demos)]
+    return numpy_rng(cfg.train.seed, 7).permutation(num_records)[: cfg.sft.num_demos]
 
 
 def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
@@ -50,17 +50,17 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     source = rt.assets.source(demonstration_split(cfg))
     order = demonstrated_indices(cfg, len(source))
     questions = [question_from_record(loader_lib.decode_record(source[int(i)])) for i in order]
-    max_chars = int(cfg.tools.max_response_chars)
+    max_chars = cfg.tools.max_response_chars
     oracle = Oracle(tool_text(rt.toolbox, "search", max_chars),
                     tool_text(rt.toolbox, "open", max_chars),
-                    role_prompts=default_prompts(int(cfg.rollout.report_max_chars)),
-                    imperfection=Imperfection(wasted_search=float(cfg.sft.wasted_search),
-                                              wrong_open=float(cfg.sft.wrong_open)),
-                    num_results=int(cfg.tools.num_results), seed=int(cfg.train.seed),
-                    fact_style=str(cfg.data.fact_style))
+                    role_prompts=default_prompts(cfg.rollout.report_max_chars),
+                    imperfection=Imperfection(wasted_search=cfg.sft.wasted_search,
+                                              wrong_open=cfg.sft.wrong_open),
+                    num_results=cfg.tools.num_results, seed=cfg.train.seed,
+                    fact_style=cfg.data.fact_style)
     demos = demonstrations(oracle, questions, config_lib.sft_modes(cfg))
-    seqs = demonstration_sequences(rt.chat, demos, min(int(cfg.rl.pack_len),
-                                                       int(cfg.rollout.max_context)))
+    seqs = demonstration_sequences(rt.chat, demos, min(cfg.rl.pack_len,
+                                                       cfg.rollout.max_context))
     log.info("SFT data: %d demonstrations -> %d sequences", len(demos), len(seqs))
     if not seqs:
         raise RuntimeError("no SFT demonstration fits in rl.pack_len / rollout.max_context")
@@ -69,7 +69,7 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
 
 def _restore_shared_start(cfg, state):
     """The SFT result of another run (`sft.init_checkpoint`), so several RL runs share one start."""
-    directory = str(cfg.sft.init_checkpoint)
+    directory = cfg.sft.init_checkpoint
     with ckpt_lib.Checkpointer(directory) as shared:
         restored = shared.restore_latest(state.params)
     if restored is None:
@@ -90,13 +90,13 @@ def _step_bins(bins: list[list[int]], step: int, rows: int, seed: int) -> list[l
 
 def _demonstration_batch(cfg, seqs, bins, step: int, rows: int, max_len: int, loss_config):
     """The packed demonstration rows of one SFT step, with the copy / context loss weights."""
-    chosen = _step_bins(bins, step, rows, int(cfg.train.seed))
+    chosen = _step_bins(bins, step, rows, cfg.train.seed)
     chosen_seqs = [seqs[i] for b in chosen for i in b]
     local = [list(range(sum(map(len, chosen[:k])), sum(map(len, chosen[:k + 1]))))
              for k in range(len(chosen))]
     batch = packing.layout_bins(chosen_seqs, local, rows, max_len, max_len, loss_config)
-    add_context_lm(batch, chosen_seqs, local, float(cfg.sft.context_lm_weight))
-    copy_loss_scale(batch, chosen_seqs, local, float(cfg.sft.copy_weight))
+    add_context_lm(batch, chosen_seqs, local, cfg.sft.context_lm_weight)
+    copy_loss_scale(batch, chosen_seqs, local, cfg.sft.copy_weight)
     return batch
 
 
