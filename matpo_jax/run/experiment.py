@@ -18,6 +18,7 @@ from matpo_jax import config as config_lib
 from matpo_jax.config import DataSection, ExperimentConfig
 from matpo_jax.data.world_assets import prepare_world
 from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.parallel import multihost
 from matpo_jax.report import plots
 from matpo_jax.report.files import write_json_atomic
 from matpo_jax.run.evaluation import evaluate
@@ -37,15 +38,18 @@ def world_data_dir(data: DataSection, workdir: str) -> str:
 
 def _cached_eval(rt: Runtime, tag: str, compute):
     """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
-    one that does not parse (torn by a crash before writes were atomic) is run again."""
+    one that does not parse (torn by a crash before writes were atomic) is run again.
+    Several processes follow process 0's file (evaluating is collective)."""
     path = rt.path("eval", f"{tag}.json")
-    if os.path.exists(path):
+    cached = None
+    if multihost.is_primary() and os.path.exists(path):
         try:
             with open(path) as f:
-                return json.load(f)
+                cached = json.load(f)
         except ValueError:  # JSONDecodeError, or undecodable bytes
             log.warning("%s does not parse; evaluating again", path)
-    return compute()
+    cached = multihost.broadcast_object(cached)
+    return compute() if cached is None else cached
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
@@ -64,10 +68,19 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
                         f"{type(cfg).__name__}")
     os.makedirs(workdir, exist_ok=True)
     config_lib.check_resume(cfg, workdir, allow_config_change)  # before anything is written
+    if cfg.data.batch_size % jax.process_count():
+        raise config_lib.ConfigError(
+            f"data.batch_size={cfg.data.batch_size} does not divide by the {jax.process_count()} "
+            "processes (each process rolls out an equal share of every batch)")
     if jax.process_index() == 0:
         config_lib.save_config(cfg, workdir)
     mesh = make_mesh(cfg)
+    # Process 0 builds the world first: processes sharing a data_dir must not write it at once.
+    if not multihost.is_primary():
+        multihost.barrier("world_prepared")
     assets = prepare_world(cfg, world_data_dir(cfg.data, workdir))
+    if multihost.is_primary():
+        multihost.barrier("world_prepared")
     with SearchServer(assets.corpus_path) as server:
         rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets, chat=assets.chat,
                      toolbox=make_toolbox(cfg.tools, server.url), judge=make_judge(cfg.reward))
