@@ -174,9 +174,9 @@ def combine_metrics(per_process: Sequence[dict]) -> dict:
         values = np.asarray([m[key] for m in per_process if key in m], np.float64)
         if key.startswith(_SUMMED) or key in _SUMMED:
             out[key] = float(values.sum())
-        elif key.endswith("_min"):
+        elif any(part.endswith("_min") for part in key.split("/")):  # "x_min/worker" too
             out[key] = float(values.min())
-        elif key.endswith("_max") or key.startswith("time_"):
+        elif any(part.endswith("_max") for part in key.split("/")) or key.startswith("time_"):
             out[key] = float(values.max())
         else:
             out[key] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")

@@ -17,7 +17,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from matpo_jax.config import load_config_file, to_typed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
@@ -101,15 +100,16 @@ def consumed(workdir: str) -> dict[int, list[str]]:
 @pytest.fixture(scope="module")
 def sft_start(tmp_path_factory):
     """One SFT run every RL run below starts from (sft.init_checkpoint): enough steps that the
-    G samples of a question score differently, so the RL update is not zero."""
-    from matpo_jax.run.experiment import run_experiment
+    G samples of a question score differently, so the RL update is not zero. On one device (a
+    tiny model on 8 simulated devices of 2 cores spends its time in collectives); the RL runs
+    restore it onto their own meshes."""
     root = tmp_path_factory.mktemp("multiprocess")
     data_dir = str(root / "tfds")
     start = str(root / "sft")
-    cfg = load_config_file(TINY, shrink(data_dir, **{"sft.steps": 80, "sft.lr": 0.01,
-                                                    "train.steps": 0,
-                                                    "train.checkpoint_every": 0}))
-    run_experiment(to_typed(cfg), start)
+    overrides = shrink(data_dir, **{"sft.steps": 80, "sft.lr": 0.01, "train.steps": 0,
+                                    "train.checkpoint_every": 0})
+    subprocess.run(command(start, overrides), check=True, env=env_with(1), cwd=REPO,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
     return data_dir, os.path.join(start, "checkpoints", "sft")
 
 
@@ -160,7 +160,8 @@ def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path,
     _, params_start = restore_params(os.path.dirname(os.path.dirname(start)), "sft")
     assert step_one == step_two == RL_STEPS
     moved = max(float(np.abs(a - b).max()) for a, b in zip(params_one, params_start))
-    assert moved > 1e-4, f"RL barely moved the parameters ({moved:g}): the comparison is vacuous"
+    # One Adam step moves a parameter with a non-zero gradient by about lr = 1e-4.
+    assert moved > 5e-5, f"RL barely moved the parameters ({moved:g}): the comparison is vacuous"
     for a, b in zip(params_two, params_one):
         # atol: Adam divides each gradient by its own running RMS, so a parameter whose gradient
         # is float32 rounding noise (summed in another order over 4 vs 8 devices and another
