@@ -17,8 +17,8 @@ import jax
 from matpo_jax import config as config_lib
 from matpo_jax.config import DataSection, ExperimentConfig
 from matpo_jax.data.world_assets import prepare_world
-from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.parallel import multihost
+from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
 from matpo_jax.report.files import write_json_atomic
 from matpo_jax.run.evaluation import evaluate

@@ -142,6 +142,7 @@ def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path,
     killed_at = time.time()
     _, survivor_err = procs[0].communicate(timeout=FAILURE_BOUND_S + 60)
     waited = time.time() - killed_at
+    print(f"the surviving process failed {waited:.1f} s after its peer was killed")
     procs[1].wait()
     assert procs[0].returncode != 0, "the surviving process finished as if nothing happened"
     assert waited < FAILURE_BOUND_S, f"the surviving process took {waited:.0f} s to fail"
@@ -162,6 +163,8 @@ def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path,
     moved = max(float(np.abs(a - b).max()) for a, b in zip(params_one, params_start))
     # One Adam step moves a parameter with a non-zero gradient by about lr = 1e-4.
     assert moved > 5e-5, f"RL barely moved the parameters ({moved:g}): the comparison is vacuous"
+    difference = max(float(np.abs(a - b).max()) for a, b in zip(params_two, params_one))
+    print(f"max |2x4 - 1x8| = {difference:g}, moved {moved:g}")
     for a, b in zip(params_two, params_one):
         # atol: Adam divides each gradient by its own running RMS, so a parameter whose gradient
         # is float32 rounding noise (summed in another order over 4 vs 8 devices and another
