@@ -161,8 +161,9 @@ def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path,
     _, params_start = restore_params(os.path.dirname(os.path.dirname(start)), "sft")
     assert step_one == step_two == RL_STEPS
     moved = max(float(np.abs(a - b).max()) for a, b in zip(params_one, params_start))
-    # One Adam step moves a parameter with a non-zero gradient by about lr = 1e-4.
-    assert moved > 5e-5, f"RL barely moved the parameters ({moved:g}): the comparison is vacuous"
+    # Adam moves a parameter with a non-zero gradient by about lr = 1e-4 (7.5e-5 measured when
+    # only step 2 has one): far above the comparison's atol.
+    assert moved > 2e-5, f"RL barely moved the parameters ({moved:g}): the comparison is vacuous"
     difference = max(float(np.abs(a - b).max()) for a, b in zip(params_two, params_one))
     print(f"max |2x4 - 1x8| = {difference:g}, moved {moved:g}")
     for a, b in zip(params_two, params_one):
@@ -172,3 +173,12 @@ def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path,
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     assert consumed(two) == consumed(one)
     assert sorted(consumed(one)) == list(range(1, RL_STEPS + 1))
+    # Evaluation sharded over the processes scores every question as one process does.
+    summaries = []
+    for workdir in (one, two):
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summaries.append(json.load(f))
+    for tag in ("sft_eval", "final_eval"):
+        for key in ("eval/questions", "eval/accuracy", "eval/reward", "eval/answered",
+                    "eval/tool_calls_per_question", "eval/worker_calls_per_question"):
+            assert summaries[1][tag][key] == pytest.approx(summaries[0][tag][key]), (tag, key)
