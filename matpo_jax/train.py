@@ -9,6 +9,11 @@ parameters, optimizer state, step, RNG and the data-iterator position all come b
 killed at any point ends with the same parameters as one that never stopped. A rerun with another
 config is refused (one line per changed field); --allow_config_change=train.steps,... accepts
 changes of the total steps and cadences. User errors are one line and exit 2 (--verbose: traceback).
+
+Several processes (one per host of a TPU pod, or several on one machine) run the same command:
+    python -m matpo_jax.train ... --coordinator=HOST:PORT --num_processes=N --process_id=I
+(on TPU VMs --multihost auto-detects all three). Each process draws its share of every batch of
+questions and runs its own rollouts on its own devices; the update is the one-process update.
 """
 from __future__ import annotations
 
@@ -25,6 +30,14 @@ _CHECK_FIT = flags.DEFINE_bool(
     "KV cache cannot fit a chip's memory (TPU only, unless --hbm_per_chip_gib is given).")
 _HBM_PER_CHIP = flags.DEFINE_float(
     "hbm_per_chip_gib", None, "Per-chip memory budget for --check_fit (default: the TPU's).")
+_COORDINATOR = flags.DEFINE_string("coordinator", None,
+                                   "HOST:PORT of process 0's coordination service (a multi-process "
+                                   "run without cluster auto-detection).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of the run (--coordinator).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (--coordinator).")
+_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", None,
+                                  "Seconds without a heartbeat after which a process is declared "
+                                  "dead and the others fail (jax's default: 100).")
 
 
 @config_lib.one_line_errors
@@ -37,8 +50,13 @@ def main(argv):
     from matpo_jax.report import logs
     logs.configure(verbose=_RUN.verbose.value)
     from matpo_jax import parallel
-    if _MULTIHOST.value:
-        parallel.maybe_initialize_distributed(force=True)
+    if _MULTIHOST.value or _COORDINATOR.value:
+        try:
+            parallel.maybe_initialize_distributed(
+                force=True, coordinator=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+                process_id=_PROCESS_ID.value, heartbeat_timeout_s=_HEARTBEAT.value)
+        except ValueError as error:  # a flag combination that cannot start
+            raise config_lib.ConfigError(str(error)) from None
     import jax
 
     cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())  # + the mesh check

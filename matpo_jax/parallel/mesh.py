@@ -85,13 +85,37 @@ def is_multi_host_env(env: Mapping[str, str] | None = None) -> bool:
     return int(env.get("SLURM_NTASKS", "1") or 1) > 1
 
 
-def maybe_initialize_distributed(force: bool | None = None) -> bool:
-    """Calls jax.distributed.initialize() once, only on a multi-host launch (or when `force`).
-    Must run before anything touches jax devices. Returns whether it initialised."""
-    wanted = is_multi_host_env() if force is None else force
+def maybe_initialize_distributed(force: bool | None = None, *, coordinator: str | None = None,
+                                 num_processes: int | None = None, process_id: int | None = None,
+                                 heartbeat_timeout_s: int | None = None,
+                                 initialization_timeout_s: int | None = None) -> bool:
+    """Calls jax.distributed.initialize() once, on a multi-host launch (or when `force`, or when
+    `coordinator` is given). Must run before anything touches jax devices. Returns whether it
+    initialised.
+
+    coordinator ("HOST:PORT"), num_processes, process_id: an explicit launch (any platform, e.g.
+    several CPU processes on one machine); without them jax auto-detects the cluster (TPU VMs,
+    SLURM). CPU collectives go through gloo, so CPU processes really exchange data.
+    heartbeat_timeout_s: how long the coordination service waits for a silent process before it
+    declares it dead and fails the others (jax's default: 100 s)."""
+    explicit = coordinator is not None
+    wanted = explicit or (is_multi_host_env() if force is None else force)
     if not wanted or jax.distributed.is_initialized():
         return False
-    jax.distributed.initialize()
+    if explicit and (num_processes is None or process_id is None):
+        raise ValueError("--coordinator needs --num_processes and --process_id")
+    if explicit and not 0 <= process_id < num_processes:
+        raise ValueError(f"--process_id={process_id} is outside [0, --num_processes="
+                         f"{num_processes})")
+    # Only affects the CPU backend: without it CPU processes cannot run cross-process collectives.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeouts = {}
+    if heartbeat_timeout_s is not None:
+        timeouts["heartbeat_timeout_seconds"] = int(heartbeat_timeout_s)
+    if initialization_timeout_s is not None:
+        timeouts["initialization_timeout"] = int(initialization_timeout_s)
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id, **timeouts)
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
     return True

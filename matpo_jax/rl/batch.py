@@ -9,11 +9,18 @@
        data parallelism leave the loss and its gradient unchanged
     -> rows packed first-fit-decreasing, sequences with no gradient left out (their weights still
        count in everyone else's normaliser), the row count bucketed to few shapes.
+
+In a multi-process run each process builds this from its own questions' rollouts (groups are
+whole on a process, so advantages are local) and `gather` supplies every process's values of the
+few numbers that must be global: the normalisers (summed) and the rows needed (the max, so every
+process packs the same row count and the parts concatenate into one global batch).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from matpo_jax.agents.trajectory import Rollout
 from matpo_jax.rl import advantages as adv_lib
@@ -40,22 +47,36 @@ def bucket_rows(needed: int, minimum: int, multiple: int) -> int:
 
 def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                 loss_config: LossConfig, pack_len: int, min_rows: int = 1, row_multiple: int = 1,
-                group_by: str = "planner", norm_by_std: bool = True) -> MatpoBatch:
+                group_by: str = "planner", norm_by_std: bool = True,
+                gather: Callable[[np.ndarray], np.ndarray] | None = None) -> MatpoBatch:
     """The packed batch of one RL step.
 
     rewards: the reward of every planner / single-agent rollout, by rollout_id (workers have none
     of their own). pack_len: tokens per row (a whole rollout must fit). min_rows / row_multiple:
     the smallest row count and the multiple it is rounded to (micro-batches x data-parallel
     devices). group_by / norm_by_std: see rl.advantages.assign_advantages.
+    gather: values [k] -> every process's values [processes, k] (multi-process runs; min_rows and
+    row_multiple are then this process's share).
     """
     advantages = adv_lib.assign_advantages(rollouts, rewards, group_by=group_by,
                                            norm_by_std=norm_by_std)
     seqs = packing.sequences_from_rollouts(rollouts, advantages)
     trained = packing.trained_indices(seqs, loss_config)  # groups that all scored alike drop out
     needed = len(packing.first_fit_decreasing([len(seqs[i]) for i in trained], pack_len))
+    totals = None
+    if gather is not None:
+        local = packing.batch_totals(seqs)
+        gathered = gather(np.concatenate([local.as_row(), [needed]]))
+        totals = type(local).sum(gathered[:, :-1])
+        needed = int(gathered[:, -1].max())
     rows = bucket_rows(needed, min_rows, row_multiple)
     batch = packing.pack_sequences(seqs, pack_len, row_multiple=row_multiple, rows=rows,
-                                   loss_config=loss_config, drop_inert=True)
-    metrics = {"trained_sequence_frac": len(trained) / max(len(seqs), 1),
-               "packing_efficiency": batch.efficiency(), "packed_rows": rows}
+                                   loss_config=loss_config, drop_inert=True, totals=totals)
+    # Counted over the sequences that carry a gradient (not the one a batch keeps when none
+    # does), so every process's counts sum to the one-process numbers.
+    carrying = [i for i in trained if packing.carries_gradient(seqs[i], loss_config)]
+    metrics = {"trained_sequence_frac": len(carrying) / max(len(seqs), 1),
+               "packing_efficiency": batch.efficiency(), "packed_rows": rows,
+               "trained_sequences": len(carrying), "sequences": len(seqs),
+               "trained_tokens": int(sum(seqs[i].trainable[1:].sum() for i in carrying))}
     return MatpoBatch(batch, advantages, metrics)

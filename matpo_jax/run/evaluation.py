@@ -2,12 +2,18 @@
 
 Results go to <workdir>/eval/<tag>.json (numbers) and <tag>_samples.txt (a few decoded
 transcripts, to read what the agents actually did).
+
+Several processes: each rolls out a contiguous share of the questions on its own devices; the
+per-question results are gathered, so every process returns the metrics of all questions, and
+process 0 writes the files. The trajectory statistics (eval/<rollout_stats>) combine the
+processes' own (multihost.combine_metrics: exact for counts, equal-weight means otherwise).
 """
 from __future__ import annotations
 
 import collections
 from typing import Mapping
 
+import jax
 import numpy as np
 
 from matpo_jax.agents.rollout import run_rollouts
@@ -16,6 +22,7 @@ from matpo_jax.report.files import write_json_atomic, write_text_atomic
 from matpo_jax.agents.trajectory import WORKER
 from matpo_jax.config import EvalSection
 from matpo_jax.data import loader as loader_lib
+from matpo_jax.parallel import multihost
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.run.runtime import Runtime, reward_config, rng_for, rollout_config
 
@@ -39,37 +46,59 @@ def eval_records(rt: Runtime) -> list[dict]:
 def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> dict[str, float]:
     """Rolls out every evaluation question once and returns `eval/...` metrics (scored with the
     training reward)."""
-    records = records if records is not None else eval_records(rt)
+    all_records = records if records is not None else eval_records(rt)
+    start, stop = _process_share(len(all_records))
+    records = all_records[start:stop]
     questions = [r["question"] for r in records]
-    batch = run_rollouts(model_state, graphdef, rt.chat, rt.toolbox, questions,
-                         rollout_config(rt.cfg, evaluation=True), rng_for(rt.cfg.train.seed, 2))
+    local_state = multihost.to_local(model_state, multihost.local_mesh(rt.mesh))
+    batch = run_rollouts(local_state, graphdef, rt.chat, rt.toolbox, questions,
+                         rollout_config(rt.cfg, evaluation=True), rng_for(rt.cfg.train.seed, 2),
+                         question_offset=start)
+    del local_state
     breakdowns = rewards_lib.rollout_rewards(batch.rollouts, [r["answer"] for r in records],
                                              reward_config(rt.cfg), questions=questions,
                                              judge=rt.judge)
-    owners = [r for r in batch.rollouts if r.role != WORKER]
-    by_hops = collections.defaultdict(list)
-    for owner in owners:
-        by_hops[int(records[owner.query_index]["hops"])].append(breakdowns[owner.rollout_id].accuracy)
+    # One row per question of this share (G = 1: one owner each), gathered from every process.
     tool_calls = collections.Counter()
     worker_calls = collections.Counter()
     for r in batch.rollouts:
         tool_calls[r.query_index] += len(r.tool_calls)
         if r.role == WORKER:
             worker_calls[r.query_index] += 1
-    n = len(records)
+    rows = [[int(records[o.query_index]["hops"]), breakdowns[o.rollout_id].accuracy,
+             breakdowns[o.rollout_id].reward, breakdowns[o.rollout_id].prediction is not None,
+             tool_calls[o.query_index], worker_calls[o.query_index]]
+            for o in batch.rollouts if o.role != WORKER]
+    stats = rollout_stats(batch.rollouts)
+    gathered = multihost.allgather_objects({"rows": rows, "stats": stats})
+    rows = [row for part in gathered for row in part["rows"]]
+    hops, accuracy, reward, answered, tools, workers = (list(column) for column in zip(*rows))
+    by_hops = collections.defaultdict(list)
+    for h, a in zip(hops, accuracy):
+        by_hops[int(h)].append(a)
+    n = len(all_records)
     out = {
-        "eval/accuracy": float(np.mean([breakdowns[o.rollout_id].accuracy for o in owners])),
-        "eval/reward": float(np.mean([breakdowns[o.rollout_id].reward for o in owners])),
-        "eval/tool_calls_per_question": sum(tool_calls.values()) / n,
-        "eval/worker_calls_per_question": sum(worker_calls.values()) / n,
-        "eval/answered": float(np.mean([breakdowns[o.rollout_id].prediction is not None
-                                        for o in owners])),
+        "eval/accuracy": float(np.mean(accuracy)),
+        "eval/reward": float(np.mean(reward)),
+        "eval/tool_calls_per_question": sum(tools) / n,
+        "eval/worker_calls_per_question": sum(workers) / n,
+        "eval/answered": float(np.mean(answered)),
         "eval/questions": float(n),
     }
     out.update({f"eval/accuracy_hop{h}": float(np.mean(v)) for h, v in sorted(by_hops.items())})
-    out.update({f"eval/{k}": v for k, v in rollout_stats(batch.rollouts).items()})
-    _write(rt, tag, out, batch.rollouts, records, breakdowns)
+    out.update({f"eval/{k}": v for k, v in
+                multihost.combine_metrics([part["stats"] for part in gathered]).items()})
+    if multihost.is_primary():  # its own share's transcripts
+        _write(rt, tag, out, batch.rollouts, records, breakdowns)
     return out
+
+
+def _process_share(count: int) -> tuple[int, int]:
+    """[start, stop) of this process's evaluation questions: contiguous, sizes differing by at
+    most one (the count need not divide by the processes)."""
+    bounds = np.linspace(0, count, jax.process_count() + 1).round().astype(int)
+    index = jax.process_index()
+    return int(bounds[index]), int(bounds[index + 1])
 
 
 def _write(rt: Runtime, tag: str, metrics: dict, rollouts, records, breakdowns) -> None:

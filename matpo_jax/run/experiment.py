@@ -21,6 +21,7 @@ import jax
 from matpo_jax import config as config_lib
 from matpo_jax.config import DataSection, ExperimentConfig
 from matpo_jax.data.task_assets import prepare_task
+from matpo_jax.parallel import multihost
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
 from matpo_jax.report import files
@@ -53,14 +54,17 @@ def uses_local_service(cfg: ExperimentConfig, assets) -> bool:
 
 def _cached_eval(rt: Runtime, tag: str, compute):
     """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
-    one that does not parse (torn by a crash before writes were atomic) is run again."""
+    one that does not parse (torn by a crash before writes were atomic) is run again.
+    Several processes follow process 0's file (evaluating is collective)."""
     path = rt.path("eval", f"{tag}.json")
-    if files.run_path(path).exists():
+    cached = None
+    if multihost.is_primary() and files.run_path(path).exists():
         try:
-            return json.loads(files.run_path(path).read_text(encoding="utf-8"))
+            cached = json.loads(files.run_path(path).read_text(encoding="utf-8"))
         except ValueError:  # JSONDecodeError, or undecodable bytes
             log.warning("%s does not parse; evaluating again", path)
-    return compute()
+    cached = multihost.broadcast_object(cached)
+    return compute() if cached is None else cached
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
@@ -79,10 +83,19 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
                         f"{type(cfg).__name__}")
     files.makedirs(workdir)
     config_lib.check_resume(cfg, workdir, allow_config_change)  # before anything is written
+    if cfg.data.batch_size % jax.process_count():
+        raise config_lib.ConfigError(
+            f"data.batch_size={cfg.data.batch_size} does not divide by the {jax.process_count()} "
+            "processes (each process rolls out an equal share of every batch)")
     if jax.process_index() == 0:
         config_lib.save_config(cfg, workdir)
     mesh = make_mesh(cfg)
+    # Process 0 prepares the task first: processes sharing a data_dir must not write it at once.
+    if not multihost.is_primary():
+        multihost.barrier("world_prepared")
     assets = prepare_task(cfg, world_data_dir(cfg.data, workdir))
+    if multihost.is_primary():
+        multihost.barrier("world_prepared")
     with contextlib.ExitStack() as services:
         server = (services.enter_context(SearchServer(assets.corpus_path))
                   if uses_local_service(cfg, assets) else None)

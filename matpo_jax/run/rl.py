@@ -3,9 +3,16 @@
 One RL step = one batch of questions x G samples. Each step's sampling key is a function of
 (seed, step) and the question stream is a grain iterator whose position is checkpointed, so a run
 restarted from any checkpoint reproduces the uninterrupted run exactly.
+
+Several processes: every process draws the same global batch of questions (the same iterator, so
+its checkpointed position is the same everywhere) and rolls out its contiguous share on its own
+devices, with a process-local copy of the parameters; the packed parts, whose loss weights use
+the whole batch's normalisers, form one global batch (parallel/multihost.py). Only process 0
+writes the consumed-questions record.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -16,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from matpo_jax import parallel
+from matpo_jax.parallel import multihost
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import files
@@ -46,14 +55,21 @@ def model_state(state: step_lib.TrainState):
 
 
 def rl_batch(rt: Runtime, rollouts, golds, questions, loss_cfg, row_multiple: int):
-    """Rewards, then the MATPO batch of one step's rollouts (rl/batch.py); plus their metrics."""
+    """Rewards, then the MATPO batch of one step's rollouts (rl/batch.py); plus their metrics.
+    Several processes: this process's part (its rows, weights over the whole batch)."""
     cfg = rt.cfg
+    processes = jax.process_count()
+    if row_multiple % processes:
+        raise ValueError(f"the packed batch's row multiple {row_multiple} (micro-batches x "
+                         f"data-parallel devices) does not split over {processes} processes")
     breakdowns = rewards_lib.rollout_rewards(rollouts, golds, reward_config(cfg),
                                              questions=questions, judge=rt.judge)
     scored = batch_lib.matpo_batch(
         rollouts, rewards_lib.rewards_by_id(breakdowns), loss_config=loss_cfg,
-        pack_len=cfg.rl.pack_len, min_rows=cfg.rl.pack_rows, row_multiple=row_multiple,
-        group_by=cfg.rl.group_by, norm_by_std=cfg.rl.norm_by_std)
+        pack_len=cfg.rl.pack_len, min_rows=-(-cfg.rl.pack_rows // processes),
+        row_multiple=row_multiple // processes, group_by=cfg.rl.group_by,
+        norm_by_std=cfg.rl.norm_by_std,
+        gather=multihost.allgather if processes > 1 else None)
     metrics = rewards_lib.reward_metrics(breakdowns)
     metrics.update(scored.metrics)
     return scored.batch, metrics
@@ -94,7 +110,9 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
                               scfg, rt.mesh)
     steps = _RLSteps(rt, loop, iter(question_loader(rt)), scfg, evaluate_fn)
     # Which questions each step trained on: a resumed run must consume the same stream.
-    with files.open_append(rt.path(CONSUMED_FILE)) as steps.consumed:
+    record = (files.open_append(rt.path(CONSUMED_FILE)) if multihost.is_primary()
+              else contextlib.nullcontext())
+    with record as steps.consumed:
         return loop.run(steps, writer=writer, data=steps.questions, after_step=steps.after_step)
 
 
@@ -107,6 +125,7 @@ class _RLSteps:
         self.rt, self.loop, self.questions, self.scfg = rt, loop, questions, scfg
         self.evaluate_fn = evaluate_fn
         self.rcfg = rollout_config(rt.cfg)
+        self.sampler_mesh = multihost.local_mesh(rt.mesh)  # this process's devices
         self.consumed = None
         self.reference = None
         if scfg.loss.kl_coef > 0:
@@ -121,14 +140,19 @@ class _RLSteps:
     def __call__(self, step: int, state) -> loop_lib.StepBatch:
         cfg, rt = self.rt.cfg, self.rt
         t0 = time.perf_counter()
-        self.batch_q = next(self.questions)
-        rollout_batch = run_rollouts(model_state(state), self.loop.graphdef, rt.chat, rt.toolbox,
-                                     self.batch_q["question"], self.rcfg,
-                                     rng_for(cfg.train.seed, 1, step))
+        self.batch_q = next(self.questions)  # the global batch, the same on every process
+        share = multihost.process_slice(len(self.batch_q["question"]))
+        questions = self.batch_q["question"][share]
+        answers = loader_lib.golds_of(self.batch_q)[share]
+        sampler_state = multihost.to_local(model_state(state), self.sampler_mesh)
+        rollout_batch = run_rollouts(sampler_state, self.loop.graphdef, rt.chat, rt.toolbox,
+                                     questions, self.rcfg, rng_for(cfg.train.seed, 1, step),
+                                     question_offset=share.start)
+        del sampler_state
         t1 = time.perf_counter()
-        batch, metrics = rl_batch(rt, rollout_batch.rollouts, loader_lib.golds_of(self.batch_q),
-                                  self.batch_q["question"], self.scfg.loss,
+        batch, metrics = rl_batch(rt, rollout_batch.rollouts, answers, questions, self.scfg.loss,
                                   self.scfg.row_multiple(rt.mesh))
+        batch = multihost.global_rows(batch, parallel.batch_sharding(rt.mesh))
         if self.reference is not None:
             batch = dataclasses.replace(batch, ref_logprobs=self.ref_logprobs(*self.reference,
                                                                              batch))
@@ -136,6 +160,9 @@ class _RLSteps:
         metrics.update({f"rollout/{k}": v for k, v in rollout_batch.metrics.items()
                         if np.isscalar(v)})
         metrics.update(time_rollout_s=t1 - t0, time_batch_s=time.perf_counter() - t1)
+        # Process 0 logs the whole batch's statistics (multihost.combine_metrics says how).
+        metrics = multihost.combine_metrics(multihost.allgather_objects(
+            {k: float(v) for k, v in metrics.items()}))
         return loop_lib.StepBatch(batch, metrics)
 
     def after_step(self, step: int, state) -> dict:
@@ -144,6 +171,8 @@ class _RLSteps:
         every = cfg.train.eval_every
         if every and self.evaluate_fn is not None and step % every == 0 and step < cfg.train.steps:
             metrics = self.evaluate_fn(self.loop.graphdef, model_state(state), tag=f"step{step}")
-        self.consumed.write(json.dumps({"step": step, "ids": list(self.batch_q["id"])}) + "\n")
-        self.consumed.flush()
+        if self.consumed is not None:  # process 0
+            self.consumed.write(json.dumps({"step": step, "ids": list(self.batch_q["id"])})
+                                + "\n")
+            self.consumed.flush()
         return metrics

@@ -21,9 +21,9 @@ Host traffic of a round (`host_transfer.py`), proportional to the tokens that ch
     the stopped slots' turns packed flat (tokens int32 and log-probs float32, each row's first
     turn_len entries, row after row) at the smallest of `flat_widths(B * max_turn)` that holds
     them; the host unpacks them into SlotEvents' [B, max_turn] arrays (zeros in other rows).
-  host -> device, the same callback's answer: num, reset, active, prefix, turn_cap ([B] each)
-    and done. The injected tokens stay on the host: each extend of the injection reads its rows'
-    columns [start, start + width) through one more callback of its own static [rows, width]
+  host -> device, the same callback's answer: num, reset, active, prefix, turn_cap, stream
+    ([B] each) and done. The injected tokens stay on the host: each extend of the injection reads
+    its rows' columns [start, start + width) through one more callback of its own static [rows, width]
     (`writes.inject`), so a round moves the positions its extends compute (rows = lanes, or B
     when lanes >= B; width = a bucket, or chunks of the last bucket), never [B, max_len].
 SlotLoopStats.round_bytes reports what each round moved, measured on the arrays that crossed.

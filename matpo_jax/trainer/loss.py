@@ -49,14 +49,47 @@ class LossConfig:
 
 # ----------------------------------------------------------------------------- host: weights
 
+@dataclasses.dataclass(frozen=True)
+class WeightTotals:
+    """The batch-wide normalisers of the aggregation modes: loss tokens (token-mean), groups
+    (matpo), non-empty sequences and planner rollouts (seq-mean modes). A multi-process batch
+    sums every process's totals (`weight_totals`) so each process's weights are those of the
+    whole batch; a group's own token count stays local (a group never spans processes)."""
+
+    tokens: float
+    groups: int
+    sequences: int
+    planners: int
+
+    @classmethod
+    def sum(cls, rows: Sequence[Sequence[float]]) -> "WeightTotals":
+        """The totals of several parts, from their `as_row()`s."""
+        tokens, groups, sequences, planners = np.asarray(rows, np.float64).sum(axis=0)
+        return cls(float(tokens), int(round(groups)), int(round(sequences)), int(round(planners)))
+
+    def as_row(self) -> np.ndarray:
+        return np.array([self.tokens, self.groups, self.sequences, self.planners], np.float64)
+
+
+def weight_totals(masks: Sequence[np.ndarray], group_ids: Sequence[int],
+                  role_ids: Sequence[int]) -> WeightTotals:
+    """The normalisers `aggregation_weights` computes from these sequences alone."""
+    counts = np.array([np.asarray(m, np.float64).sum() for m in masks])
+    return WeightTotals(tokens=float(counts.sum()), groups=len(set(group_ids)),
+                        sequences=int((counts > 0).sum()),
+                        planners=sum(1 for r in role_ids if r == 0))
+
+
 def aggregation_weights(masks: Sequence[np.ndarray], group_ids: Sequence[int],
                         role_ids: Sequence[int], mode: str, *, seq_denominator: str = "sequences",
-                        norm_constant: float | None = None) -> list[np.ndarray]:
+                        norm_constant: float | None = None,
+                        totals: WeightTotals | None = None) -> list[np.ndarray]:
     """Per-token weights, one float32 array per sequence, such that the batch loss is
     sum_seq sum_t w[t] * l[t].
 
     masks[s]: the sequence's loss mask; group_ids[s]: the planner rollout it belongs to (itself
-    for a planner); role_ids[s]: 0 planner/single, 1 worker.
+    for a planner); role_ids[s]: 0 planner/single, 1 worker. totals: the whole batch's
+    normalisers when these sequences are one process's part of it (default: their own).
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"aggregation mode {mode!r}, expected one of {AGGREGATION_MODES}")
@@ -64,12 +97,13 @@ def aggregation_weights(masks: Sequence[np.ndarray], group_ids: Sequence[int],
         raise ValueError(f"seq_denominator {seq_denominator!r}, expected one of {SEQ_DENOMINATORS}")
     masks = [np.asarray(m, dtype=np.float64) for m in masks]
     counts = np.array([m.sum() for m in masks])
+    totals = totals or weight_totals(masks, group_ids, role_ids)
 
     def per_sequence(scale):  # mask times one factor per sequence
         return [(m * s).astype(np.float32) for m, s in zip(masks, scale)]
 
     if mode == "token-mean":
-        total = counts.sum()
+        total = totals.tokens
         return per_sequence(np.full(len(masks), 1.0 / total if total else 0.0))
     if mode == "seq-mean-token-sum-norm":
         if norm_constant is None:
@@ -79,13 +113,10 @@ def aggregation_weights(masks: Sequence[np.ndarray], group_ids: Sequence[int],
         group_tokens: dict[int, float] = {}
         for g, c in zip(group_ids, counts):
             group_tokens[g] = group_tokens.get(g, 0.0) + c
-        num_groups = len(group_tokens)
+        num_groups = totals.groups
         return per_sequence([1.0 / (num_groups * group_tokens[g]) if group_tokens[g] else 0.0
                              for g in group_ids])
-    if seq_denominator == "sequences":
-        num_sequences = int((counts > 0).sum())
-    else:
-        num_sequences = sum(1 for r in role_ids if r == 0)
+    num_sequences = totals.sequences if seq_denominator == "sequences" else totals.planners
     if num_sequences == 0:
         return per_sequence(np.zeros(len(masks)))
     if mode == "seq-mean-token-sum":

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from matpo_jax.agents.trajectory import ROLE_IDS, WORKER, Rollout
-from matpo_jax.trainer.loss import LossConfig, aggregation_weights
+from matpo_jax.trainer.loss import LossConfig, WeightTotals, aggregation_weights, weight_totals
 
 
 class PackingError(ValueError):
@@ -139,15 +139,18 @@ def _loss_masks(seqs: Sequence[TrainSequence]) -> list[np.ndarray]:
 
 
 def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: int, row_len: int,
-                max_len: int, loss_config: LossConfig) -> PackedBatch:
-    """The batch for a given assignment of sequences to rows (bins of indices into `seqs`)."""
+                max_len: int, loss_config: LossConfig,
+                totals: WeightTotals | None = None) -> PackedBatch:
+    """The batch for a given assignment of sequences to rows (bins of indices into `seqs`).
+    totals: the whole batch's normalisers when `seqs` are one process's part (`batch_totals`)."""
     masks = _loss_masks(seqs)
     # seq-mean-token-sum-norm divides by a CONSTANT: the configured max_len (the padded length),
     # never the row length a particular batch happened to get.
     norm = loss_config.norm_constant if loss_config.norm_constant is not None else max_len
     weights = aggregation_weights(masks, [s.group_id for s in seqs], [s.role_id for s in seqs],
                                   loss_config.aggregation,
-                                  seq_denominator=loss_config.seq_denominator, norm_constant=norm)
+                                  seq_denominator=loss_config.seq_denominator, norm_constant=norm,
+                                  totals=totals)
     shape = (num_rows, row_len)
     batch = PackedBatch(
         tokens=np.zeros(shape, np.int32), positions=np.zeros(shape, np.int32),
@@ -179,6 +182,11 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: 
     return batch
 
 
+def batch_totals(seqs: Sequence[TrainSequence]) -> WeightTotals:
+    """The aggregation normalisers of these sequences (all of them: inert ones count too)."""
+    return weight_totals(_loss_masks(seqs), [s.group_id for s in seqs], [s.role_id for s in seqs])
+
+
 def carries_gradient(seq: TrainSequence, loss_config: LossConfig) -> bool:
     """False when every loss term of the sequence is identically zero in the parameters' gradient:
     the clipped surrogate scales with the advantage, and no KL or entropy term is on."""
@@ -207,7 +215,7 @@ def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
 def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
                    rows: int | None = None, row_len_multiple: int | None = None,
                    loss_config: LossConfig = LossConfig(),
-                   drop_inert: bool = False) -> PackedBatch:
+                   drop_inert: bool = False, totals: WeightTotals | None = None) -> PackedBatch:
     """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
 
     row_len_multiple: also pick the row length, among its multiples from the longest sequence up
@@ -215,6 +223,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
     is cheaper). A small batch then avoids a mostly empty last row; the shape stays bucketed.
     drop_inert: leave out the sequences that carry no gradient (`carries_gradient`); the loss
     weights of the rest are those of the whole batch, so the gradient is the same.
+    totals: the whole batch's normalisers when `seqs` are one process's part of it.
     """
     _check_lengths(seqs, max_len)
     order = trained_indices(seqs, loss_config) if drop_inert else list(range(len(seqs)))
@@ -235,7 +244,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
         bins = first_fit_decreasing(lengths, max_len)
         _num_rows(len(bins), row_multiple, rows)
     num_rows, row_len, bins = best
-    return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config)
+    return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config, totals)
 
 
 def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,

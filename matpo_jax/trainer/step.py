@@ -279,7 +279,9 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
 
     def run(params, frozen, batch: PackedBatch):
         batch = dataclasses.replace(batch, ref_logprobs=None)
-        return np.asarray(jitted(params, frozen, jax.device_put(batch, batch_sharding)))
+        out = jitted(params, frozen, jax.device_put(batch, batch_sharding))
+        # A multi-process batch's log-probs stay a global array (no process holds all rows).
+        return np.asarray(out) if out.is_fully_addressable else out
 
     return run
 

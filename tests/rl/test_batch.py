@@ -68,7 +68,45 @@ def test_matpo_batch_by_hand(scored):
         old, _ = token_values(batch, "old_logprobs", rid)
         np.testing.assert_allclose(old, -(rid + 1) / 10, rtol=1e-6)
     assert out.metrics == pytest.approx({"trained_sequence_frac": 3 / 5, "packed_rows": 2,
-                                         "packing_efficiency": 24 / 32})
+                                         "packing_efficiency": 24 / 32, "trained_sequences": 3,
+                                         "sequences": 5, "trained_tokens": 14})
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "matpo", "seq-mean-token-mean",
+                                         "seq-mean-token-sum"])
+def test_parts_of_a_batch_with_gathered_totals_weigh_as_the_whole(scored, aggregation):
+    """Two processes, each with whole groups: with `gather` supplying both parts' totals, every
+    token's weight is its weight in the one-process batch, and both parts pack the same rows."""
+    rollouts, rewards = scored
+    config = LossConfig(aggregation=aggregation)
+    whole = matpo_batch(rollouts, rewards, loss_config=config, pack_len=16)
+    parts = [[r for r in rollouts if r.query_index == q] for q in (0, 1)]
+    part_rewards = [{r.rollout_id: rewards[r.rollout_id] for r in part if r.rollout_id in rewards}
+                    for part in parts]
+    # Pass 1 records each part's values (a collective's inputs); pass 2 gives every part all of
+    # them, stacked in process order, as multihost.allgather does.
+    inputs = []
+    for part, part_reward in zip(parts, part_rewards):
+        matpo_batch(part, part_reward, loss_config=config, pack_len=16,
+                    gather=lambda v: inputs.append(np.asarray(v)) or np.asarray(v)[None])
+    gathered = np.stack(inputs)
+    built = [matpo_batch(part, part_reward, loss_config=config, pack_len=16,
+                         gather=lambda v: gathered)
+             for part, part_reward in zip(parts, part_rewards)]
+    assert built[0].batch.shape[0] == built[1].batch.shape[0]
+    whole_weights = {}
+    for rid in range(len(rollouts)):
+        weights, _ = token_values(whole.batch, "loss_weights", rid)
+        whole_weights[rid] = weights
+    for part, out in zip(parts, built):
+        for r in part:
+            weights, _ = token_values(out.batch, "loss_weights", r.rollout_id)
+            if whole_weights[r.rollout_id].size == 0:  # a part keeps one inert sequence
+                advantages, _ = token_values(out.batch, "advantages", r.rollout_id)
+                assert not advantages.any()
+                continue
+            np.testing.assert_allclose(weights, whole_weights[r.rollout_id], rtol=1e-6)
+    assert sum(out.metrics["trained_tokens"] for out in built) == whole.metrics["trained_tokens"]
 
 
 def test_weights_count_the_whole_batch_and_rows_are_bucketed(scored):

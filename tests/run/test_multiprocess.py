@@ -1,0 +1,184 @@
+"""Multi-process training is exact: 2 processes x 4 CPU devices (real jax.distributed on a local
+coordinator, gloo collectives) train the same parameters as 1 process x 8 devices from the same
+start, on the same questions; a process killed mid-step makes the other fail within a bounded
+time instead of hanging; rerunning both resumes from the checkpoint and finishes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
+RL_STEPS = 2
+FAILURE_BOUND_S = 90  # heartbeat 10 s + gloo's peer-closed error, with room for a loaded machine
+
+
+def shrink(data_dir: str, **changes) -> str:
+    """synthetic_tiny at test size (as tests/run/test_end_to_end.py shrinks it)."""
+    fields = {
+        "model.arch.hidden_size": 32, "model.arch.intermediate_size": 64,
+        "model.arch.num_hidden_layers": 1, "model.arch.num_attention_heads": 2,
+        "model.arch.num_key_value_heads": 1, "model.arch.head_dim": 16,
+        "data.num_entities": 60, "data.num_questions": 240, "data.max_hops": 2,
+        "data.batch_size": 2, "data.data_dir": data_dir,
+        "rollout.group_size": 2, "rollout.max_new_tokens_per_turn": 24,
+        "rollout.max_turns_planner": 2, "rollout.max_turns_worker": 2,
+        "rollout.decode_slots": 8, "sft.num_demos": 16, "sft.batch_size": 2,
+        "train.eval_every": 0, "train.async_checkpointing": "false", "eval.num_questions": 2,
+    }
+    fields.update(changes)
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(workdir: str, overrides: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "matpo_jax.train", f"--config={TINY}:{overrides}",
+            f"--workdir={workdir}", *extra]
+
+
+def env_with(devices: int) -> dict:
+    return dict(os.environ, JAX_PLATFORMS="cpu",
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
+def launch(workdir: str, overrides: str, processes: int = 2) -> list[subprocess.Popen]:
+    """`processes` train processes of 4 CPU devices each on a fresh local coordinator."""
+    port = free_port()
+    return [subprocess.Popen(
+        command(workdir, overrides, f"--coordinator=127.0.0.1:{port}",
+                f"--num_processes={processes}", f"--process_id={i}", "--heartbeat_timeout_s=10"),
+        env=env_with(4), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for i in range(processes)]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
+    errors = [p.communicate(timeout=timeout)[1] for p in procs]
+    for p, err in zip(procs, errors):
+        assert p.returncode == 0, err[-3000:]
+    return errors
+
+
+def restore_params(workdir: str, phase: str, step: int | None = None):
+    """A checkpoint's parameters on one device (saved on any topology)."""
+    directory = os.path.join(workdir, "checkpoints", phase)
+    if step is None:
+        step = max(int(s) for s in os.listdir(directory) if s.isdigit())
+    path = os.path.join(directory, str(step), "params")
+    checkpointer = ocp.StandardCheckpointer()
+    metadata = checkpointer.metadata(path)
+    tree = getattr(metadata, "item_metadata", metadata)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
+    return step, [np.asarray(x) for x in jax.tree.leaves(checkpointer.restore(path, target))]
+
+
+def consumed(workdir: str) -> dict[int, list[str]]:
+    out = {}
+    with open(os.path.join(workdir, "consumed.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            out[record["step"]] = record["ids"]  # a redone step overwrites the killed run's
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft_start(tmp_path_factory):
+    """One SFT run every RL run below starts from (sft.init_checkpoint): enough steps that the
+    G samples of a question score differently, so the RL update is not zero. On one device (a
+    tiny model on 8 simulated devices of 2 cores spends its time in collectives); the RL runs
+    restore it onto their own meshes."""
+    root = tmp_path_factory.mktemp("multiprocess")
+    data_dir = str(root / "tfds")
+    start = str(root / "sft")
+    overrides = shrink(data_dir, **{"sft.steps": 80, "sft.lr": 0.01, "train.steps": 0,
+                                    "train.checkpoint_every": 0})
+    subprocess.run(command(start, overrides), check=True, env=env_with(1), cwd=REPO,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+    return data_dir, os.path.join(start, "checkpoints", "sft")
+
+
+def test_batch_size_that_does_not_split_over_processes_is_one_line(tmp_path):
+    procs = launch(str(tmp_path / "run"), shrink(str(tmp_path / "tfds"), **{"data.batch_size": 3}))
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2, err[-2000:]
+        assert "data.batch_size=3 does not divide by the 2 processes" in err
+        assert "Traceback" not in err
+
+
+def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path, sft_start):
+    data_dir, start = sft_start
+    overrides = shrink(data_dir, **{"sft.init_checkpoint": start, "train.steps": RL_STEPS,
+                                    "train.checkpoint_every": 1})
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    reference = subprocess.Popen(command(one, overrides), env=env_with(8), cwd=REPO,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    # 2 x 4: kill process 1 once step 1 is checkpointed (it is then in step 2).
+    procs = launch(two, overrides)
+    marker = os.path.join(two, "checkpoints", "rl", "1")
+    deadline = time.time() + 600
+    while not os.path.isdir(marker) and all(p.poll() is None for p in procs) \
+            and time.time() < deadline:
+        time.sleep(0.05)
+    assert all(p.poll() is None for p in procs), "a process ended before step 1 was saved"
+    procs[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    _, survivor_err = procs[0].communicate(timeout=FAILURE_BOUND_S + 60)
+    waited = time.time() - killed_at
+    print(f"the surviving process failed {waited:.1f} s after its peer was killed")
+    procs[1].wait()
+    assert procs[0].returncode != 0, "the surviving process finished as if nothing happened"
+    assert waited < FAILURE_BOUND_S, f"the surviving process took {waited:.0f} s to fail"
+    # A clear error: the coordination service or gloo names the lost peer / connection.
+    assert any(word in survivor_err for word in ("heartbeat", "Gloo", "gloo", "peer",
+                                                 "Connection", "UNAVAILABLE", "DEADLINE")), \
+        survivor_err[-3000:]
+    assert not os.path.exists(os.path.join(two, "summary.json"))
+
+    # Rerun both: they resume from step 1 and finish.
+    finish(launch(two, overrides))
+    finish([reference])
+
+    step_one, params_one = restore_params(one, "rl")
+    step_two, params_two = restore_params(two, "rl")
+    _, params_start = restore_params(os.path.dirname(os.path.dirname(start)), "sft")
+    assert step_one == step_two == RL_STEPS
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(params_one, params_start))
+    # Adam moves a parameter with a non-zero gradient by about lr = 1e-4 (7.5e-5 measured when
+    # only step 2 has one): far above the comparison's atol.
+    assert moved > 2e-5, f"RL barely moved the parameters ({moved:g}): the comparison is vacuous"
+    difference = max(float(np.abs(a - b).max()) for a, b in zip(params_two, params_one))
+    print(f"max |2x4 - 1x8| = {difference:g}, moved {moved:g}")
+    for a, b in zip(params_two, params_one):
+        # atol: Adam divides each gradient by its own running RMS, so a parameter whose gradient
+        # is float32 rounding noise (summed in another order over 4 vs 8 devices and another
+        # packing) moves by up to lr-sized steps of either sign; 1e-6 is 1% of lr=1e-4.
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    assert consumed(two) == consumed(one)
+    assert sorted(consumed(one)) == list(range(1, RL_STEPS + 1))
+    # Evaluation sharded over the processes scores every question as one process does.
+    summaries = []
+    for workdir in (one, two):
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summaries.append(json.load(f))
+    for tag in ("sft_eval", "final_eval"):
+        for key in ("eval/questions", "eval/accuracy", "eval/reward", "eval/answered",
+                    "eval/tool_calls_per_question", "eval/worker_calls_per_question"):
+            assert summaries[1][tag][key] == pytest.approx(summaries[0][tag][key]), (tag, key)
