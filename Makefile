@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
 PIP_QUIET := --quiet --disable-pip-version-check --progress-bar off
 
-.PHONY: demo test env bench clean
+.PHONY: demo test test-tpu env bench clean
 
 $(STAMP): setup.py
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,17 @@ env: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+# The planning tests that compile for TPU topologies (skipped by `make test`: they need libtpu,
+# ~700 MB, which no TPU-less run needs). Their own environment, so `make test` stays libtpu-free.
+TPU_VENV := .venv-tpu
+$(TPU_VENV)/.installed: setup.py
+	$(PY) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/pip install $(PIP_QUIET) -e '.[tpu]' pytest 2>&1 | grep -v "is ignored: it is neither" || true
+	touch $(TPU_VENV)/.installed
+
+test-tpu: $(TPU_VENV)/.installed
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_VENV)/bin/python -m pytest -q tests/planning
+
 demo: $(STAMP)
 	$(BIN)/python -m matpo_jax.demo --workdir=$(WORKDIR)
 
@@ -29,4 +40,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/train_step.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TPU_VENV) runs
