@@ -25,6 +25,8 @@ setup(
         "requests>=2.31",
         # `open` on real web pages: main text of HTML pages, text of PDFs.
         "trafilatura>=2.0",
+        # trafilatura's justext imports lxml.html.clean, a separate package since lxml 5.2.
+        "lxml_html_clean>=0.4",
         "pypdf>=5.0",
         # Disk cache of tool results (evaluation reruns and resumed runs never pay twice).
         "diskcache>=5.6",
