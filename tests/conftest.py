@@ -1,15 +1,28 @@
 """Test-session setup shared by every test file.
 
 Eight simulated CPU devices so sharding tests see a real mesh; must be set before jax is imported.
+One persistent compilation cache for the session, inherited by every subprocess (training runs,
+killed and restarted runs, notebook kernels): the many tiny runs compile the same programs, and a
+program loaded from the cache is the one compiled, so exactness tests stay bitwise. It starts
+empty each session, so no result depends on an earlier run.
 Fixtures used by several test folders live in tests/fixtures/ and are loaded as plugins here.
 """
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="matpo_jax_test_cache_")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE,
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",

@@ -17,7 +17,6 @@ import pytest
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.config import load_config_file, to_typed
-from fixtures.compile_cache import cache_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
@@ -113,10 +112,9 @@ def _consumed(workdir: str) -> dict[int, list[str]]:
 def test_sigkill_mid_rl_then_rerun_gives_bitwise_identical_params(tmp_path, data_dir):
     steps, kill_after = 5, 2
     overrides = shrink(data_dir, rl_steps=steps)
-    # One compilation cache for the three runs: the killed and the resumed run load what the
+    # The session's compilation cache (inherited): the killed and the resumed run load what the
     # straight run compiled (the same executables, so the comparison stays bitwise).
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="",
-               **cache_env(str(tmp_path / "jax_cache")))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     subprocess.run(_train_command(straight, overrides), check=True, env=env, cwd=REPO,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
