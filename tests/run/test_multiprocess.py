@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from test_end_to_end import _consumed as consumed  # steps -> question ids
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -86,15 +87,6 @@ def restore_params(workdir: str, phase: str, step: int | None = None):
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
     return step, [np.asarray(x) for x in jax.tree.leaves(checkpointer.restore(path, target))]
-
-
-def consumed(workdir: str) -> dict[int, list[str]]:
-    out = {}
-    with open(os.path.join(workdir, "consumed.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            out[record["step"]] = record["ids"]  # a redone step overwrites the killed run's
-    return out
 
 
 @pytest.fixture(scope="module")
