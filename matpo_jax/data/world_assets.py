@@ -24,7 +24,7 @@ from matpo_jax.config import ConfigError
 from matpo_jax.data import synthetic_multihop, synthetic_world
 from matpo_jax.data.oracle import LocalCorpusTools, Oracle
 from matpo_jax.chat import ChatFormat, ChatFormatError
-from matpo_jax.chat.tokenizer_training import train_tokenizer
+from matpo_jax.chat.tokenizer_training import PRE_TOKENIZER_VERSION, train_tokenizer
 from matpo_jax.model.hf_io import CheckpointFormatError, load_config
 
 TOKENIZER_DIRNAME = "tokenizer"
@@ -151,7 +151,8 @@ def tokenizer_dir(cfg, data_dir: str) -> str:
 
 
 def _trained_tokenizer_dir(builder, cfg) -> str:
-    return os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{cfg.model.arch.vocab_size}")
+    return os.path.join(builder.data_dir, f"{TOKENIZER_DIRNAME}_v{cfg.model.arch.vocab_size}"
+                                          f"_pre{PRE_TOKENIZER_VERSION}")
 
 
 def checkpoint_tokenizer(cfg) -> tuple[str, ChatFormat]:

@@ -189,6 +189,32 @@ def test_render_equals_incremental_rollout_pieces(chat_format):
     assert len(diff) == 1 and rendered[diff[0]] == cf.im_end_id and trainable[diff[0]]
 
 
+def test_template_runs_tokenise_as_their_pieces_with_a_trained_tokenizer(tmp_path):
+    """render() tokenises each run of template text whole (as apply_chat_template does); with a
+    tokenizer of ours that equals tokenising every piece on its own, because punctuation never
+    merges with the newline after it. So a value at the end of a tool response ends in the same
+    "." token as the sentence the model writes about it (Qwen's pre-tokenizer would give ".\n")."""
+    # Pages of lines, as the synthetic world's: BPE sees "." before "\n" thousands of times.
+    page = "Alice Moreau was born in Lyon.\nAlice Moreau founder Northwind.\n"
+    train_tokenizer([page, "Conclusion: Lyon. Source: page Alice Moreau."] * 200, vocab_size=320,
+                    out_dir=tmp_path)
+    cf = ChatFormat.from_pretrained(tmp_path)
+    messages = [
+        {"role": "system", "content": cf.system_prompt("You are a worker.", WORKER_TOOLS)},
+        {"role": "user", "content": "Where was Alice Moreau born?"},
+        {"role": "assistant", "content": SEARCH_CALL},
+        {"role": "tool", "content": "1. Alice Moreau (id: doc-alice)."},
+        {"role": "tool", "content": page.strip()},  # ends "Northwind." + "\n</tool_response>"
+        {"role": "assistant", "content": "Conclusion: Lyon."},
+        {"role": "user", "content": "Summarise: what did you find?"},
+    ]
+    whole, _ = cf.render(messages, add_generation_prompt=True)
+    pieces = cf._pieces(messages, True, None)
+    assert len(pieces) > len(messages)  # template text between messages is several pieces
+    assert whole == [i for piece in pieces for i in cf._piece_ids(piece)]
+    assert [cf.decode([i]) for i in cf.encode("Lyon.\n")][-2:] == [".", "\n"]
+
+
 def test_stop_ids_and_piece_texts(chat_format):
     cf = chat_format
     assert cf.decode([cf.im_end_id]) == "<|im_end|>"

@@ -1,5 +1,7 @@
-"""The whole job on a shrunken synthetic_tiny: world -> SFT -> eval -> MATPO RL -> eval -> plots,
-and exact resume after the process is SIGKILLed in the middle of RL."""
+"""The whole job on a shrunken synthetic_tiny through the training command: world -> SFT -> eval ->
+MATPO RL -> eval -> plots, and exact resume after the process is SIGKILLed in the middle of RL
+(one straight run serves both: its outputs are checked, then a killed-and-rerun copy must end in
+its parameters)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +18,7 @@ import pytest
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
-from matpo_jax.config import load_config_file, to_typed
+from matpo_jax.config import load_config_file, read_saved_config, to_typed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
@@ -41,32 +43,6 @@ def shrink(data_dir: str, rl_steps: int) -> str:
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tfds"))
-
-
-def test_synthetic_tiny_runs_end_to_end(tmp_path, data_dir):
-    from matpo_jax.run.experiment import run_experiment
-
-    cfg = to_typed(load_config_file(TINY, shrink(data_dir, rl_steps=2)), jax.device_count())
-    workdir = str(tmp_path / "run")
-    summary = run_experiment(cfg, workdir)
-
-    records = metrics_lib.load_metrics(os.path.join(workdir, "metrics.jsonl"))
-    rl_steps = [r for r in records if "loss" in r]
-    assert [r["step"] for r in rl_steps] == [1, 2]
-    for r in rl_steps:
-        assert np.isfinite(r["loss"]) and r["reward/mean"] >= 0.0
-        assert r["rollouts/planner"] == cfg.data.batch_size * cfg.rollout.group_size
-        assert 0.0 < r["packing_efficiency"] <= 1.0
-    # sft.copy_every=4 (the config's): step 4 trained on a copy-rehearsal batch, not logged as SFT
-    assert cfg.sft.copy_every == 4
-    sft_records = metrics_lib.load_metrics(os.path.join(workdir, "sft", "metrics.jsonl"))
-    assert [r["step"] for r in sft_records] == [1, 2, 3]
-    for tag in ("sft", "final"):
-        assert summary[f"{tag}_eval"]["eval/questions"] == 4
-        assert os.path.exists(os.path.join(workdir, "eval", f"{tag}_samples.txt"))
-    assert os.path.exists(os.path.join(workdir, "plots", "overview.png"))
-    with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", "rl")) as c:
-        assert c.latest_step() == 2
 
 
 def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
@@ -109,7 +85,33 @@ def _consumed(workdir: str) -> dict[int, list[str]]:
     return out
 
 
-def test_sigkill_mid_rl_then_rerun_gives_bitwise_identical_params(tmp_path, data_dir):
+def _check_whole_job(workdir: str, rl_steps: int) -> None:
+    """What a finished run leaves: RL and SFT metrics per step, both evaluations with their
+    samples, the plots, the last RL checkpoint."""
+    cfg = read_saved_config(workdir)  # the config the run recorded
+    records = metrics_lib.load_metrics(os.path.join(workdir, "metrics.jsonl"))
+    rl_steps_logged = [r for r in records if "loss" in r]
+    assert [r["step"] for r in rl_steps_logged] == list(range(1, rl_steps + 1))
+    for r in rl_steps_logged:
+        assert np.isfinite(r["loss"]) and r["reward/mean"] >= 0.0
+        assert r["rollouts/planner"] == cfg["data"]["batch_size"] * cfg["rollout"]["group_size"]
+        assert 0.0 < r["packing_efficiency"] <= 1.0
+    # sft.copy_every=4 (the config's): step 4 trained on a copy-rehearsal batch, not logged as SFT
+    assert cfg["sft"]["copy_every"] == 4
+    sft_records = metrics_lib.load_metrics(os.path.join(workdir, "sft", "metrics.jsonl"))
+    assert [r["step"] for r in sft_records] == [1, 2, 3]
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    for tag in ("sft", "final"):
+        assert summary[f"{tag}_eval"]["eval/questions"] == 4
+        assert os.path.exists(os.path.join(workdir, "eval", f"{tag}_samples.txt"))
+    assert os.path.exists(os.path.join(workdir, "plots", "overview.png"))
+    with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", "rl")) as c:
+        assert c.latest_step() == rl_steps
+
+
+def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(tmp_path,
+                                                                                 data_dir):
     steps, kill_after = 5, 2
     overrides = shrink(data_dir, rl_steps=steps)
     # The session's compilation cache (inherited): the killed and the resumed run load what the
@@ -118,6 +120,7 @@ def test_sigkill_mid_rl_then_rerun_gives_bitwise_identical_params(tmp_path, data
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     subprocess.run(_train_command(straight, overrides), check=True, env=env, cwd=REPO,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+    _check_whole_job(straight, steps)
 
     proc = subprocess.Popen(_train_command(resumed, overrides), env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
