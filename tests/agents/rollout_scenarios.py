@@ -50,7 +50,7 @@ TURING = SingleScript(
 
 # The settings every test shares (one compilation of the slot loop).
 BASE = RolloutSection(mode="matpo", group_size=1, decode_slots=3, max_context=1024,
-                      max_new_tokens_per_turn=48, max_worker_calls_per_turn=2,
+                      max_new_tokens_per_turn=64, max_worker_calls_per_turn=2,
                       report_max_chars=REPORT_MAX_CHARS, temperature=0.0, max_turns_planner=4,
                       max_turns_worker=4)
 

@@ -5,6 +5,7 @@ import os
 import pytest
 
 from matpo_jax.config import ConfigError, apply_overrides, load_config_file
+from matpo_jax.chat.tokenizer_training import PRE_TOKENIZER_VERSION
 from matpo_jax.data.world_assets import prepare_world, tokenizer_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,4 +48,4 @@ def test_without_a_checkpoint_the_world_tokenizer_is_trained(tmp_path):
     cfg = config(**{"model.arch.vocab_size": 600})
     assets = prepare_world(cfg, str(tmp_path))
     assert assets.tokenizer_dir == tokenizer_dir(cfg, str(tmp_path))
-    assert trained_tokenizers(tmp_path) == ["tokenizer_v600"]
+    assert trained_tokenizers(tmp_path) == [f"tokenizer_v600_pre{PRE_TOKENIZER_VERSION}"]
