@@ -20,6 +20,7 @@ DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
                     "webwalkerqa": ("main", "silver"), "gaia": ("validation",)}
 ROLLOUT_MODES = ("matpo", "single")
+OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -231,6 +232,8 @@ class RLSection(Section):
     """The RL update: optimizer, clipped surrogate, loss aggregation, advantages, packing."""
 
     PATH = "rl"
+    optimizer: str = setting("adamw", "adamw, or sgd (update = lr x gradient: what exactness "
+                             "tests across topologies compare)", choices=OPTIMIZERS)
     lr: float = setting(1e-5, "peak learning rate", range=POSITIVE)
     weight_decay: float = setting(0.01, "AdamW decay on matrices (also SFT's)", range=NON_NEGATIVE)
     grad_clip: float = setting(1.0, "global-norm clip (also SFT's); 0: off", range=NON_NEGATIVE)

@@ -124,7 +124,7 @@ def optimizer_config(cfg: ExperimentConfig, phase: str) -> step_lib.OptimizerCon
     updates = cfg.train.steps * rl.ppo_mini_batches * rl.ppo_epochs
     schedule = ("constant" if rl.schedule == "constant" and rl.warmup_steps == 0
                 else _RL_SCHEDULES[rl.schedule])
-    return step_lib.OptimizerConfig(learning_rate=rl.lr, schedule=schedule,
+    return step_lib.OptimizerConfig(optimizer=rl.optimizer, learning_rate=rl.lr, schedule=schedule,
                                     warmup_steps=rl.warmup_steps,
                                     decay_steps=max(1, updates - rl.warmup_steps),
                                     end_lr_ratio=0.0, weight_decay=rl.weight_decay, b1=rl.adam_b1,

@@ -35,6 +35,7 @@ from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer.packing import PackedBatch
 
 OBJECTIVES = ("rl", "sft")
+OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "warmup_constant", "warmup_cosine", "warmup_linear")
 
 
@@ -42,6 +43,7 @@ SCHEDULES = ("constant", "warmup_constant", "warmup_cosine", "warmup_linear")
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
+    optimizer: str = "adamw"  # adamw | sgd
     learning_rate: float = 1e-5
     schedule: str = "constant"  # constant | warmup_constant | warmup_cosine | warmup_linear
     warmup_steps: int = 0
@@ -54,6 +56,9 @@ class OptimizerConfig:
     grad_clip: float = 1.0  # global-norm clip; <= 0 disables
 
     def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"OptimizerConfig.optimizer={self.optimizer!r}, "
+                             f"expected one of {OPTIMIZERS}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"OptimizerConfig.schedule={self.schedule!r}, "
                              f"expected one of {SCHEDULES}")
@@ -119,13 +124,23 @@ def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW with the configured schedule."""
-    adamw = optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-                        weight_decay=config.weight_decay,
-                        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+    """Global-norm clipping then AdamW (or plain SGD) with the configured schedule.
+
+    SGD's update is lr x gradient, so two runs that compute the same gradients up to float
+    rounding end with parameters equal up to that rounding; Adam's divides each coordinate by its
+    own RMS, which turns a gradient of pure rounding noise into an lr-sized step of random sign.
+    Exactness tests across topologies therefore train with SGD."""
+    schedule = learning_rate_schedule(config)
+    matrices = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    if config.optimizer == "sgd":
+        update = optax.chain(optax.add_decayed_weights(config.weight_decay, mask=matrices),
+                             optax.sgd(schedule))
+    else:
+        update = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+                             weight_decay=config.weight_decay, mask=matrices)
     if config.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
-    return adamw
+        return optax.chain(optax.clip_by_global_norm(config.grad_clip), update)
+    return update
 
 
 # ----------------------------------------------------------------------------- state

@@ -252,6 +252,7 @@ REACH: dict[str, Reach] = {
     **{f"rl.{name}": Reach(rl_optimizer) for name in (
         "lr", "weight_decay", "grad_clip", "warmup_steps", "adam_b1", "adam_b2")},
     "rl.schedule": Reach(rl_optimizer, "cosine"),
+    "rl.optimizer": Reach(rl_optimizer, "sgd"),
     **{f"rl.{name}": Reach(rl_step) for name in (
         "eps_low", "eps_high", "dual_clip_c", "loss_agg", "seq_mean_denominator",
         "loss_agg_norm", "kl_type", "entropy_coef", "ppo_mini_batches", "ppo_epochs",

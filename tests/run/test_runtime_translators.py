@@ -74,3 +74,24 @@ def test_sft_steps_zero_builds_its_optimizer():
     """The pod config skips SFT (sft.steps=0): its optimizer is still built before the loop."""
     cfg = ExperimentConfig(sft=SFTSection(steps=0))
     step_lib.make_optimizer(runtime.optimizer_config(cfg, "sft"))
+
+
+def test_sgd_updates_are_lr_times_the_clipped_gradient_plus_decay_on_matrices():
+    """rl.optimizer=sgd: the update is proportional to the gradient, which is what lets the
+    multi-process test compare topologies at float rounding (Adam's per-coordinate RMS division
+    turns gradients of pure rounding noise into lr-sized steps)."""
+    cfg = ExperimentConfig(rl=RLSection(optimizer="sgd", lr=0.5, weight_decay=0.1, grad_clip=0))
+    tx = step_lib.make_optimizer(runtime.optimizer_config(cfg, "rl"))
+    params = {"w": np.full((2, 2), 2.0, np.float32), "scale": np.full((3,), 2.0, np.float32)}
+    grads = {"w": np.array([[1e-7, -3.0], [0.0, 1.0]], np.float32),
+             "scale": np.array([1e-7, 1.0, -2.0], np.float32)}
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(np.asarray(updates["w"]), -0.5 * (grads["w"] + 0.1 * 2.0), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(updates["scale"]), -0.5 * grads["scale"], rtol=1e-6)
+
+
+def test_the_config_offers_the_optimizers_the_trainer_builds():
+    from matpo_jax.config import sections
+    assert sections.OPTIMIZERS == step_lib.OPTIMIZERS
+    for name in step_lib.OPTIMIZERS:
+        step_lib.make_optimizer(step_lib.OptimizerConfig(optimizer=name))
