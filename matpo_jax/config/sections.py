@@ -63,6 +63,10 @@ class ModelSection(Section):
 
     PATH = "model"
     hf_checkpoint: str | None = setting(None, "directory with config.json + *.safetensors")
+    # A committed warm start (warm_starts/) is loaded only if its weights are the bytes it was
+    # published with.
+    hf_checkpoint_sha256: str = setting("", "sha256 of hf_checkpoint's model.safetensors; a "
+                                        "file that differs is refused ('': not checked)")
     tokenizer: str | None = setting(None, "HF tokenizer dir; None: hf_checkpoint's or the world's "
                                     "trained one")
     dtype: str = setting("float32", "activations", choices=DTYPES)
@@ -300,6 +304,10 @@ class SFTSection(Section):
     copy_lr: float = setting(0.0, "peak lr of the copy phase; 0: sft.lr", range=NON_NEGATIVE)
     copy_every: int = setting(0, "every n-th SFT step trains on a copy batch instead (rehearsal); "
                               "0: off", range=NON_NEGATIVE)
+    # A warm start pretrained on reading tasks (configs/synthetic_demo.py) rehearses those.
+    rehearsal: str = setting("copy", "what the copy_every-th steps train on: copy spans of the "
+                             "corpus, or reading tasks (data/reading_tasks.py)",
+                             choices=("copy", "reading"))
     # The loss is renormalised so it stays a weighted mean. 1.0 = plain cross-entropy.
     copy_weight: float = setting(1.0, "loss weight of trainable tokens that copy a span of the "
                                  "context (tool arguments, answers, facts)", range=POSITIVE)
@@ -307,6 +315,27 @@ class SFTSection(Section):
     context_lm_weight: float = setting(0.0, "language-modelling loss on the demonstrations' "
                                        "context tokens, relative to a trainable token",
                                        range=NON_NEGATIVE)
+
+
+# ------------------------------------------------------------------------------------- pretrain
+@dataclasses.dataclass(frozen=True)
+class PretrainSection(Section):
+    """`python -m matpo_jax.pretrain`: the reading warm start of the embedded default (data/
+    reading_tasks.py), trained from model.arch on random-fact pages of the world, exported as a
+    Hugging Face directory that model.hf_checkpoint then names."""
+
+    PATH = "pretrain"
+    steps: int = setting(3000, "optimizer steps on reading tasks", range=NON_NEGATIVE)
+    lr: float = setting(3e-3, "peak lr (warmup, cosine to 10%)", range=POSITIVE)
+    batch_size: int = setting(4, "packed rows (of rl.pack_len tokens) per step",
+                              range=AT_LEAST_ONE)
+    noise_max: float = setting(0.3, "each page's noise level is drawn from [0, noise_max]",
+                               range=UNIT)
+    two_hop_fraction: float = setting(0.3, "share of two-page chain tasks", range=UNIT)
+    distractor_rate: float = setting(0.5, "one-hop tasks that also show another subject's page",
+                                     range=UNIT)
+    eval_examples: int = setting(512, "held-out reading tasks measured at the end",
+                                 range=AT_LEAST_ONE)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -369,6 +398,7 @@ class ExperimentConfig:
     reward: RewardSection = dataclasses.field(default_factory=RewardSection)
     rl: RLSection = dataclasses.field(default_factory=RLSection)
     sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+    pretrain: PretrainSection = dataclasses.field(default_factory=PretrainSection)
     train: TrainSection = dataclasses.field(default_factory=TrainSection)
     eval: EvalSection = dataclasses.field(default_factory=EvalSection)
 

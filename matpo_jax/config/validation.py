@@ -9,6 +9,7 @@ count (when known) and the directories the config names (when asked).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import typing
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def to_typed(cfg, num_devices: int | None = None, *, check_files: bool = True) -
     if num_devices is not None and not any(p.startswith("mesh") for p in problems):
         problems += _mesh_problems(typed, num_devices)
     if check_files:
-        problems += _missing_directories(typed)
+        problems += _missing_directories(typed) or _checksum_problems(typed)
     if problems:
         raise ConfigError(problems)
     return typed
@@ -103,3 +104,28 @@ def _missing_directories(cfg: ExperimentConfig) -> list[str]:
             problems.append(f"{path_field} = {value!r}: no {required_file} in that directory")
     return problems
 
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _checksum_problems(cfg: ExperimentConfig) -> list[str]:
+    """A checkpoint named with its sha256 (the committed warm start) must be those bytes: a
+    partial download, a stale rebuild or an edited file would silently change every result."""
+    expected, directory = cfg.model.hf_checkpoint_sha256, cfg.model.hf_checkpoint
+    if not expected or not directory or "://" in directory:
+        return []
+    weights = Path(directory).expanduser() / "model.safetensors"
+    if not weights.is_file():
+        return [f"model.hf_checkpoint_sha256: no {weights} to check"]
+    actual = file_sha256(weights)
+    if actual != expected.lower():
+        return [f"model.hf_checkpoint_sha256 = {expected!r}: {weights} has sha256 {actual!r} "
+                f"(another file than the one named; rebuild it with python -m matpo_jax.pretrain "
+                f"or set the field to the file's hash)"]
+    return []

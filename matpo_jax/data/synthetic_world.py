@@ -416,37 +416,48 @@ def _write_pages(rng, noise_rng, entities, noise, second_page_rate, max_noise_se
         num_pages = 2 if (len(phrases) >= 2 and rng.random() < second_page_rate) else 1
         cut = int(rng.integers(1, len(phrases))) if num_pages == 2 else len(phrases)
         for page, page_phrases in enumerate((phrases[:cut], phrases[cut:])[:num_pages]):
-            # The page id names its entity, as a wiki URL does ("page Tarvo Lind", a second page
-            # "page Tarvo Lind (2)"): opening the right page means repeating the entity's name,
-            # not a number. The leading word puts the name after a space inside the JSON string,
-            # so it is the same tokens as everywhere else (a tiny model copies token for token).
-            doc_id = f"page {entity.name}" + (f" ({page + 1})" if page else "")
-            sentences = [f"{entity.name} is {entity.kind}." if page == 0
-                         else f"More about {entity.name}, {entity.kind}."]
-            body = []
-            for phrase in page_phrases:
-                relation = RELATION_BY_PHRASE[phrase]
-                value = entity.facts[phrase]
-                obj = value if relation.object_type == NUMBER else by_id[value].name
-                template = relation.templates[int(rng.integers(len(relation.templates)))]
-                if fact_style == "plain":  # drawn anyway: the rest of the page stays the same
-                    template = plain_template(relation)
-                body.append(template.format(s=entity.name, o=obj))
-                entity.fact_doc[phrase] = doc_id
-            for _ in range(2):
-                body.append(_fill(_DISTRACTORS[int(rng.integers(len(_DISTRACTORS)))], rng, names,
-                                  s=entity.name))
-            order = rng.permutation(len(body))
-            sentences += [body[i] for i in order]
-            # noise: irrelevant sentences (mean noise * max_noise_sentences), spliced in at random
-            # places so the facts do not sit at a fixed position.
-            num_noise = int(noise_rng.binomial(2 * max_noise_sentences, noise / 2)) if noise else 0
-            for _ in range(num_noise):
-                filler = _fill(_FILLERS[int(noise_rng.integers(len(_FILLERS)))], noise_rng, names)
-                sentences.insert(1 + int(noise_rng.integers(len(sentences))), filler)
-            documents.append(Document(id=doc_id, title=entity.name, contents=" ".join(sentences),
-                                      entity_id=entity.id))
+            documents.append(write_page(
+                rng, noise_rng, entity, page_phrases, page, names,
+                lambda value, relation: value if relation.object_type == NUMBER
+                else by_id[value].name, noise, max_noise_sentences, fact_style))
     return documents
+
+
+def write_page(rng, noise_rng, entity: Entity, page_phrases, page: int, names, object_name,
+               noise: float, max_noise_sentences: int, fact_style: str) -> Document:
+    """Page `page` (0: the first) of `entity`, stating the facts `page_phrases`, with distractors
+    and noise; records in entity.fact_doc where each fact is. object_name(value, relation): how a
+    fact's object reads. Also writes the random-fact pages of the reading tasks
+    (data/reading_tasks.py), so those read exactly like the world's."""
+    # The page id names its entity, as a wiki URL does ("page Tarvo Lind", a second page
+    # "page Tarvo Lind (2)"): opening the right page means repeating the entity's name,
+    # not a number. The leading word puts the name after a space inside the JSON string,
+    # so it is the same tokens as everywhere else (a tiny model copies token for token).
+    doc_id = f"page {entity.name}" + (f" ({page + 1})" if page else "")
+    sentences = [f"{entity.name} is {entity.kind}." if page == 0
+                 else f"More about {entity.name}, {entity.kind}."]
+    body = []
+    for phrase in page_phrases:
+        relation = RELATION_BY_PHRASE[phrase]
+        obj = object_name(entity.facts[phrase], relation)
+        template = relation.templates[int(rng.integers(len(relation.templates)))]
+        if fact_style == "plain":  # drawn anyway: the rest of the page stays the same
+            template = plain_template(relation)
+        body.append(template.format(s=entity.name, o=obj))
+        entity.fact_doc[phrase] = doc_id
+    for _ in range(2):
+        body.append(_fill(_DISTRACTORS[int(rng.integers(len(_DISTRACTORS)))], rng, names,
+                          s=entity.name))
+    order = rng.permutation(len(body))
+    sentences += [body[i] for i in order]
+    # noise: irrelevant sentences (mean noise * max_noise_sentences), spliced in at random
+    # places so the facts do not sit at a fixed position.
+    num_noise = int(noise_rng.binomial(2 * max_noise_sentences, noise / 2)) if noise else 0
+    for _ in range(num_noise):
+        filler = _fill(_FILLERS[int(noise_rng.integers(len(_FILLERS)))], noise_rng, names)
+        sentences.insert(1 + int(noise_rng.integers(len(sentences))), filler)
+    return Document(id=doc_id, title=entity.name, contents=" ".join(sentences),
+                    entity_id=entity.id)
 
 
 # ------------------------------------------------------------------------------------ questions

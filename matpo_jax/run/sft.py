@@ -12,6 +12,7 @@ import optax
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.run import copy_pretraining as copy_lib
+from matpo_jax.run import pretrain as pretrain_lib
 from matpo_jax import config as config_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.data import loader as loader_lib
@@ -125,7 +126,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
 
 class _SFTBatches:
     """batch_fn of the SFT loop: demonstration rows, or every `sft.copy_every`-th step a copy
-    batch (rehearsal, trained but not logged as SFT). `prepare` builds the data once the loop
+    or reading batch (`sft.rehearsal`; trained but not logged as SFT). `prepare` builds the data once the loop
     knows where it resumes: a run whose SFT checkpoint is complete builds nothing."""
 
     def __init__(self, rt: Runtime, model, scfg):
@@ -145,7 +146,9 @@ class _SFTBatches:
         # Whole rows per data-parallel device; rows beyond the data are left as padding.
         self.rows = packing.round_up(min(cfg.sft.batch_size, len(self.bins)),
                                      self.scfg.row_multiple(rt.mesh))
-        if cfg.sft.copy_every:
+        if cfg.sft.copy_every and cfg.sft.rehearsal == "reading":
+            self.copy_batch = pretrain_lib.rehearsal_batches(rt, self.rows, self.scfg.loss)
+        elif cfg.sft.copy_every:
             self.copy_batch = copy_lib.copy_batches(rt, self.rows, self.scfg.loss)
         return state
 

@@ -180,6 +180,26 @@ def training_loops(cfg):
                  for phase in ("copy", "sft", "rl"))
 
 
+def pretrain_phase(cfg):
+    """What the warm start's build hands its optimizer, loop, reading tasks, batches and
+    measurement (run/pretrain.py)."""
+    from matpo_jax.run import pretrain
+    return (pretrain.pretrain_optimizer_config(cfg), pretrain.pretrain_loop_config(cfg, "/w"),
+            pretrain.writer_settings(cfg), pretrain.batch_rows(cfg, 1),
+            pretrain.eval_count(cfg))
+
+
+def checked_weights(cfg):
+    """The validation's verdict on model.hf_checkpoint's weights (a directory with a file)."""
+    from matpo_jax.config import validation
+    return validation._checksum_problems(cfg)
+
+
+WEIGHTS_DIR = tempfile.mkdtemp(prefix="matpo-reach-weights-")
+with open(os.path.join(WEIGHTS_DIR, "model.safetensors"), "wb") as _f:
+    _f.write(b"weights")
+
+
 def pending(owner: str, section: str):
     """The section object handed to code another branch owns (see the module docstring)."""
     probe = lambda cfg: getattr(cfg, section)  # noqa: E731
@@ -206,6 +226,11 @@ class Reach:
 REACH: dict[str, Reach] = {
     "model.hf_checkpoint": Reach(built_model, "/ckpt/qwen3"),
     "model.tokenizer": Reach(tokenizer_source, "/ckpt/tokenizer"),
+    "model.hf_checkpoint_sha256": Reach(checked_weights, "0" * 64,
+                                        {"model.hf_checkpoint": WEIGHTS_DIR}),
+    **{f"pretrain.{f}": Reach(pretrain_phase) for f in (
+        "steps", "lr", "batch_size", "noise_max", "two_hop_fraction", "distractor_rate",
+        "eval_examples")},
     "model.dtype": Reach(built_model),
     "model.param_dtype": Reach(built_model),
     **{f"model.arch.{name}": Reach(built_model) for name in (
@@ -266,7 +291,8 @@ REACH: dict[str, Reach] = {
     "sft.lr": Reach(sft_optimizer),
     **{f"sft.{name}": Reach(pending(LOOP, "sft")) for name in (
         "batch_size", "num_demos", "wasted_search", "wrong_open", "copy_steps", "copy_span",
-        "copy_shuffle", "copy_lr", "copy_every", "copy_weight", "context_lm_weight")},
+        "copy_shuffle", "copy_lr", "copy_every", "copy_weight", "context_lm_weight",
+        "rehearsal")},
     "sft.modes": Reach(pending(LOOP, "sft"), "matpo+single"),
     "sft.init_checkpoint": Reach(pending(LOOP, "sft"), "/runs/shared/checkpoints/sft"),
     "train.steps": Reach(rl_optimizer, None, {"rl.schedule": "cosine"}),  # and the loops
