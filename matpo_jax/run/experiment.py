@@ -7,7 +7,8 @@ eval.datasets (run/run_eval.py).
 Every phase resumes from its own checkpoints, so re-running the same command after a crash or a
 preemption continues where the run stopped; the workdir's config.json is compared with the new
 config first, and a changed config is refused (config/resume.py). The run's summary (the
-evaluations before and after RL) is written to <workdir>/summary.json; curves to <workdir>/plots/.
+evaluations before and after RL) is written to <workdir>/summary.json; figures to <workdir>/plots/
+(report/plots.py).
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
                "mode": cfg.rollout.mode}
     _write_summary(rt, summary)
     if primary:
-        plots.plot_curves(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
+        plots.plot_run(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
         if files.run_path(rt.path("sft", metrics_lib.METRICS_FILE)).exists():
-            plots.plot_curves(rt.path("sft", metrics_lib.METRICS_FILE), rt.path("plots", "sft"))
+            plots.plot_run(rt.path("sft", metrics_lib.METRICS_FILE), rt.path("plots"),
+                           figures=plots.SFT_FIGURES)
     return summary
