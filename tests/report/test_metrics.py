@@ -95,6 +95,23 @@ def test_torn_line_and_resume_truncation(tmp_path):
     assert "eval/accuracy" in records[4]  # merged eval record of step 4 survived
 
 
+def test_write_once_skips_a_record_a_resumed_run_logged_already(tmp_path):
+    """The evaluation rows at step 0 and at the end are written once, however often the run is
+    started: a second start finds them and writes nothing."""
+    for start in range(2):
+        with MetricsWriter(tmp_path, tensorboard=False, resume_step=None if start == 0 else 3) \
+                as writer:
+            first = writer.write_once(0, {"eval/accuracy": 0.1, "curve/accuracy": 0.2})
+            if start == 0:
+                writer.write(1, {"loss": 1.0})
+            else:
+                assert first is None
+            writer.write_once(1, {"eval/accuracy": 0.3})  # new keys at a logged step: written
+    records = read_records(tmp_path / "metrics.jsonl")
+    assert [(r["step"], sorted(set(r) - {"step", "time"})) for r in records] == [
+        (0, ["curve/accuracy", "eval/accuracy"]), (1, ["loss"]), (1, ["eval/accuracy"])]
+
+
 def test_tensorboard_events_are_written_and_readable(tmp_path):
     writer = MetricsWriter(tmp_path)
     for step in range(5):
