@@ -95,6 +95,7 @@ def get_config(arg=None):
     c.eval.split = "test"
     c.eval.num_questions = 0  # all: GAIA-text 103, FRAMES 824, WebWalkerQA 680
     c.eval.temperature = 0.0
+    c.eval.curve_questions = 0  # no curve: the benchmarks are evaluated whole every eval_every steps
     if arg.offline:
         c.tools.update(search_backend="local", search_url=None, page_backend="service",
                        page_url=None)

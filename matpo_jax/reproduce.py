@@ -22,7 +22,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from matpo_jax.report import plots
+from matpo_jax.report import compare
 
 _OUT = flags.DEFINE_string("out", "docs/repro", "Where runs, table and plots go.")
 _NOISE = flags.DEFINE_list("noise", ["0.05", "0.3"], "Noise levels of the world.")
@@ -118,7 +118,7 @@ def main(argv):
             results[noise][variant] = runs
         curves = {v: [os.path.join(_OUT.value, "runs", f"{v}_noise{noise}_seed{s}", "metrics.jsonl")
                       for s in seeds_of(v, _SEEDS.value, _ABLATION_SEEDS.value)] for v in methods}
-        plots.plot_comparison(curves, os.path.join(_OUT.value, f"curves_noise{noise}.png"),
+        compare.plot_comparison(curves, os.path.join(_OUT.value, f"curves_noise{noise}.png"),
                               keys=("reward/accuracy", "reward/mean", "loss"),
                               title=f"test-time noise {noise}: mean ± std over seeds")
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs

@@ -370,6 +370,14 @@ class EvalSection(Section):
                                  range=NON_NEGATIVE)
     temperature: float = setting(0.0, "sampling temperature of evaluation (0: greedy)",
                                  range=NON_NEGATIVE)
+    # The validation curve (run/eval_curve.py): the same questions every time, the first ones of
+    # the full evaluation, so its step-0 and last points come free from the evaluations after SFT
+    # and after RL; only the evaluations in between cost rollouts.
+    curve_questions: int = setting(
+        96, "validation curve: every train.eval_every RL steps evaluate only the first N of the "
+        "evaluated questions (at most eval.num_questions) and log curve/... at the RL step; the "
+        "synthetic world's evaluation only, benchmarks are evaluated whole (0: no curve, the "
+        "whole evaluation every train.eval_every steps)", range=NON_NEGATIVE)
 
 
 # ------------------------------------------------------------------------------------ experiment

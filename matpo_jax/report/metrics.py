@@ -113,6 +113,15 @@ class MetricsWriter:
             self._write_event(record["step"], record["time"], summary)
         return record
 
+    def write_once(self, step: int, metrics: Mapping[str, Any]) -> dict | None:
+        """Logs the record unless metrics.jsonl has one at `step` with the same metrics already:
+        an evaluation a resumed run logged before it stopped is not logged twice."""
+        if self.enabled and self.path.exists():
+            names = set(metrics)
+            if any(r.get("step") == step and names <= set(r) for r in read_records(self.path)):
+                return None
+        return self.write(step, metrics)
+
     def write_text(self, step: int, tag: str, text: str) -> None:
         """A text sample (e.g. one decoded rollout) for TensorBoard's text tab."""
         if self._tb is not None:

@@ -1,159 +1,163 @@
-"""PNG plots of training curves from metrics.jsonl: one run's curves, and several runs compared
-(mean +- std over seeds), e.g. the single-agent vs MATPO reproduction figure.
+"""The figures of one run, from its metrics.jsonl: a few grouped PNGs a person reads, not one per
+metric (TensorBoard, <workdir>/tensorboard, keeps every metric).
 
-Figures are drawn with matplotlib's object API on an Agg canvas, never through pyplot, so plotting
-works headless and leaves the process-wide backend (a notebook's, say) alone.
+  overview.png      rollout reward, validation accuracy, policy loss, learning signal
+  rollouts.png      how the agents worked: tool calls, worker calls, lengths, turns, answers
+  optimisation.png  gradient norm, clip fraction, learning rate, KL, entropy, seconds per step
+  sft.png           the SFT warm start (from <workdir>/sft/metrics.jsonl)
+
+Per-step training metrics are drawn as an exponential moving average over their faint raw
+values; evaluations as markers: the validation curve (`curve/...`, run/eval_curve.py) joined by a
+line, the full evaluations after SFT and after RL (`eval/...`) as lone markers.
 """
 from __future__ import annotations
 
-import io
-import re
+import dataclasses
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
-import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matpo_jax.report import drawing
+from matpo_jax.report.files import run_path
+from matpo_jax.report.metrics import ROLES, load_metrics, series
+from matpo_jax.report.smoothing import auto_weight
 
-from matpo_jax.report.files import makedirs, run_path, write_bytes_atomic
-from matpo_jax.report.metrics import load_metrics, series, split_role
-
-# Base names (role suffix removed) of the curves worth a first look, in panel order.
-# The keys the training loop logs (run.rl / rewards / agents.rollout_metrics.rollout_stats /
-# evaluate).
-MAIN_CURVES = ("reward/mean", "reward/accuracy", "eval/accuracy", "loss", "response_tokens_mean",
-               "tool_calls_mean", "worker_calls_mean", "rollout/slot_utilisation", "sft/loss")
-_NOT_METRICS = ("step", "time")
+ROLE = "{role}"  # in a series' key: each of metrics.ROLES the run logged
 
 
-def smooth(values: np.ndarray, weight: float) -> np.ndarray:
-    """TensorBoard-style debiased exponential moving average; weight 0 returns the values."""
-    if weight <= 0 or values.size == 0:
-        return values
-    out, average, norm = np.empty_like(values), 0.0, 0.0
-    for i, value in enumerate(values):
-        average = weight * average + (1 - weight) * value
-        norm = weight * norm + (1 - weight)
-        out[i] = average / norm
-    return out
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One line of a panel: a metric key, or a key pattern with {role} (one line per role)."""
+    key: str
+    label: str | None = None  # legend; may use {role} and {questions} (the evaluation's size)
+    style: str = "smoothed"  # smoothed | curve (evaluations joined) | markers (lone evaluations)
 
 
-def metric_groups(records: Sequence[Mapping]) -> dict[str, list[str]]:
-    """Keys grouped by base name: {"tool_calls_mean": ["tool_calls_mean/planner", ".../worker"]}."""
-    groups: dict[str, list[str]] = {}
-    for record in records:
-        for key in record:
-            if key not in _NOT_METRICS:
-                members = groups.setdefault(split_role(key)[0], [])
-                if key not in members:
-                    members.append(key)
-    return groups
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    title: str
+    ylabel: str
+    series: tuple[Series, ...]
 
 
-def plot_curves(jsonl_path: str | Path, out_dir: str | Path, keys: Sequence[str] | None = None,
-                *, smoothing: float = 0.0) -> dict[str, Path]:
-    """Draws each selected metric group (all roles of a metric on one axes) to <name>.png, plus
-    overview.png with every selected group in a grid. `keys` are base names or full keys; None
-    selects every metric for the per-metric files and the MAIN_CURVES present for the overview.
-    Returns {name: path} including "overview"."""
+@dataclasses.dataclass(frozen=True)
+class FigureSpec:
+    name: str  # the file: <name>.png
+    title: str
+    panels: tuple[Panel, ...]
+    xlabel: str = "RL step"
+
+
+def _evaluations(metric: str) -> tuple[Series, ...]:
+    """The validation curve's and the full evaluations' values of one evaluation metric."""
+    return (Series(f"curve/{metric}", "validation curve ({questions} questions)", "curve"),
+            Series(f"eval/{metric}", "full evaluation ({questions} questions)", "markers"))
+
+
+RL_FIGURES = (
+    FigureSpec("overview", "What the run learned", (
+        Panel("Rollout reward (training batches)", "mean over rollouts",
+              (Series("reward/mean", "reward"), Series("reward/accuracy", "accuracy"))),
+        Panel("Validation accuracy", "fraction correct", _evaluations("accuracy")),
+        Panel("Policy loss", "loss", (Series("loss", "loss"),)),
+        Panel("Learning signal", "fraction of sequences",
+              (Series("trained_sequence_frac", "with a non-zero advantage"),)),
+    )),
+    FigureSpec("rollouts", "How the agents worked (training rollouts; evaluations as markers)", (
+        Panel("Tool calls per rollout", "calls", (Series(f"tool_calls_mean/{ROLE}"),)),
+        Panel("Worker calls per planner", "subagent calls",
+              (Series("worker_calls_mean/planner", "training rollouts"),)
+              + _evaluations("worker_calls_per_question")),
+        Panel("Response tokens per rollout", "tokens", (Series(f"response_tokens_mean/{ROLE}"),)),
+        Panel("Turns per rollout", "turns", (Series(f"turns_mean/{ROLE}"),)),
+        Panel("Answered (a \\boxed{} answer)", "fraction",
+              (Series("reward/answered", "training rollouts"),) + _evaluations("answered")),
+        Panel("Invalid tool calls", "fraction of the role's calls",
+              (Series(f"invalid_tool_call_frac/{ROLE}"),)),
+    )),
+    FigureSpec("optimisation", "Optimisation", (
+        Panel("Gradient norm", "global norm (before clipping)", (Series("grad_norm", "norm"),)),
+        Panel("Clip fraction", "fraction of trained tokens", (Series(f"{ROLE}/clip_frac"),)),
+        Panel("Learning rate", "lr", (Series("learning_rate", "lr"),)),
+        Panel("KL", "per token",
+              (Series(f"{ROLE}/approx_kl", "{role}: sampling policy to current"),
+               Series(f"{ROLE}/ref_kl", "{role}: to the SFT policy"))),
+        Panel("Entropy", "nats per token", (Series(f"{ROLE}/entropy"),)),
+        Panel("Seconds per RL step", "s",
+              (Series("time_rollout_s", "rollouts"), Series("time_batch_s", "rewards, packing"),
+               Series("time_update_s", "update"))),
+    )),
+)
+SFT_FIGURES = (
+    FigureSpec("sft", "SFT warm start", (
+        Panel("SFT loss", "weighted loss", (Series("sft/loss", "loss"),)),
+        Panel("Token NLL per role", "nats per trained token", (Series(f"sft/{ROLE}/nll"),)),
+        Panel("Gradient norm", "global norm (before clipping)", (Series("sft/grad_norm", "norm"),)),
+        Panel("Learning rate", "lr", (Series("sft/learning_rate", "lr"),)),
+    ), xlabel="SFT step"),
+)
+
+
+def plot_run(jsonl_path: str | Path, out_dir: str | Path,
+             figures: Sequence[FigureSpec] = RL_FIGURES, *,
+             smoothing: float | None = None) -> dict[str, Path]:
+    """Draws each figure of `figures` that has data to <out_dir>/<name>.png (panels without data
+    are left out). `smoothing`: the EMA weight (None: smoothing.auto_weight of the run's length,
+    0: raw). Returns {name: path}."""
     records = load_metrics(jsonl_path)
-    groups = metric_groups(records)
-    if keys is None:
-        selected, overview = groups, {k: groups[k] for k in MAIN_CURVES if k in groups}
-    else:
-        selected = {}
-        for key in keys:
-            base, role = split_role(key)
-            if base not in groups or (role and key not in groups[base]):
-                raise KeyError(f"metric {key!r} is not in {jsonl_path}; have {sorted(groups)}")
-            selected.setdefault(base, []).extend([key] if role else groups[base])
-        overview = selected
-    out_dir = run_path(out_dir)
-    makedirs(out_dir)
+    keys = {key for record in records for key in record}
     written = {}
-    for name, members in selected.items():
-        figure, canvas = _figure(1)
-        _draw_group(figure.axes[0], records, name, members, smoothing)
-        written[name] = _save(figure, canvas, out_dir / f"{_file_name(name)}.png")
-    if overview:
-        figure, canvas = _figure(len(overview))
-        for axes, (name, members) in zip(figure.axes, overview.items()):
-            _draw_group(axes, records, name, members, smoothing)
-        written["overview"] = _save(figure, canvas, out_dir / "overview.png")
+    for spec in figures:
+        panels = [(panel, lines) for panel in spec.panels
+                  if (lines := _lines(panel, keys, records))]
+        if not panels:
+            continue
+        weight = auto_weight(_longest(records, panels)) if smoothing is None else smoothing
+        figure, canvas, axes = drawing.new_figure(len(panels))
+        for ax, (panel, lines) in zip(axes, panels):
+            for color, (series_spec, key, label) in enumerate(lines):
+                _draw(ax, records, series_spec, key, label, f"C{color}", weight)
+            drawing.decorate(ax, title=panel.title, xlabel=spec.xlabel, ylabel=panel.ylabel)
+        note = (f"lines: moving average (EMA weight {weight:.2f}) over faint raw values"
+                if weight > 0 else "lines: raw values")
+        if any(s.style != "smoothed" for _, lines in panels for s, _, _ in lines):
+            note += "; markers: evaluations"
+        written[spec.name] = drawing.save_png(figure, canvas, run_path(out_dir, f"{spec.name}.png"),
+                                              title=spec.title, note=note)
     return written
 
 
-def aggregate_runs(paths: Sequence[str | Path], key: str):
-    """(steps, mean, std, n) of `key` across runs (seeds), on the steps every run logged."""
-    runs = [series(load_metrics(path), key) for path in paths]
-    for path, (steps, _) in zip(paths, runs):
-        if steps.size == 0:
-            raise KeyError(f"metric {key!r} is not in {path}")
-    common = runs[0][0]
-    for steps, _ in runs[1:]:
-        common = np.intersect1d(common, steps)
-    if common.size == 0:
-        raise ValueError(f"the runs {list(map(str, paths))} share no step that logged {key!r}")
-    stacked = np.stack([values[np.searchsorted(steps, common)] for steps, values in runs])
-    return common, stacked.mean(axis=0), stacked.std(axis=0), len(runs)
+def _lines(panel: Panel, keys: set[str], records) -> list[tuple[Series, str, str]]:
+    """(series, key, legend label) of every line of `panel` the run logged."""
+    lines = []
+    for spec in panel.series:
+        roles = ROLES if ROLE in spec.key else (None,)
+        for role in roles:
+            key = spec.key.replace(ROLE, role) if role else spec.key
+            if key in keys:
+                lines.append((spec, key, _label(spec, key, role, records)))
+    return lines
 
 
-def plot_comparison(runs: Mapping[str, Sequence[str | Path]], out_path: str | Path,
-                    keys: Sequence[str] = ("accuracy",), *, smoothing: float = 0.0,
-                    title: str | None = None) -> Path:
-    """One panel per key; per method (label -> its seeds' metrics.jsonl files) the mean across
-    seeds as a line and mean +- std as a band."""
-    figure, canvas = _figure(len(keys))
-    for axes, key in zip(figure.axes, keys):
-        for color, (label, paths) in enumerate(runs.items()):
-            steps, mean, std, n = aggregate_runs(paths, key)
-            mean, std = smooth(mean, smoothing), smooth(std, smoothing)
-            axes.fill_between(steps, mean - std, mean + std, color=f"C{color}", alpha=0.25,
-                              linewidth=0)
-            axes.plot(steps, mean, color=f"C{color}", label=f"{label} (n={n})")
-        _decorate(axes, key)
-    if title:
-        figure.suptitle(title)
-    return _save(figure, canvas, run_path(out_path))
+def _label(spec: Series, key: str, role: str | None, records) -> str:
+    label = spec.label or role or key
+    if "{questions}" in label:  # the evaluation's own count, e.g. curve/questions
+        counts = series(records, key.rsplit("/", 1)[0] + "/questions")[1]
+        label = label.replace("{questions}", f"{int(counts[-1])}" if counts.size else "?")
+    return label.replace(ROLE, role or "")
 
 
-# ------------------------------------------------------------------------------ drawing helpers
-def _figure(panels: int):
-    columns = min(panels, 3)
-    rows = -(-panels // columns)
-    figure = Figure(figsize=(5 * columns, 3.5 * rows), dpi=100)
-    canvas = FigureCanvasAgg(figure)
-    figure.subplots(rows, columns, squeeze=False)
-    for extra in figure.axes[panels:]:
-        extra.set_visible(False)
-    return figure, canvas
+def _draw(axes, records, spec: Series, key: str, label: str, color: str, weight: float) -> None:
+    steps, values = drawing.finite(*series(records, key))
+    if spec.style == "smoothed":
+        drawing.smoothed_line(axes, steps, values, weight=weight, color=color, label=label)
+    else:
+        drawing.points(axes, steps, values, color=color, label=label,
+                       connect=spec.style == "curve", marker="o" if spec.style == "curve" else "D")
 
 
-def _draw_group(axes, records, name: str, members: Sequence[str], smoothing: float) -> None:
-    for color, key in enumerate(members):
-        steps, values = series(records, key)
-        label = split_role(key)[1] or key
-        if smoothing > 0:  # raw values faint behind the smoothed curve
-            axes.plot(steps, values, color=f"C{color}", alpha=0.25, linewidth=1)
-        axes.plot(steps, smooth(values, smoothing), color=f"C{color}", label=label, linewidth=1.5)
-    _decorate(axes, name)
+def _longest(records, panels) -> int:
+    """Points of the longest per-step series (what the automatic smoothing is sized for)."""
+    lengths = [series(records, key)[0].size for _, lines in panels
+               for spec, key, _ in lines if spec.style == "smoothed"]
+    return max(lengths, default=0)
 
-
-def _decorate(axes, name: str) -> None:
-    axes.set_title(name)
-    axes.set_xlabel("step")
-    axes.grid(alpha=0.3)
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend(fontsize="small")
-
-
-def _save(figure: Figure, canvas: FigureCanvasAgg, path: Path) -> Path:
-    figure.tight_layout()
-    png = io.BytesIO()  # drawn in memory, then written whole (a local file or one object)
-    canvas.print_png(png)
-    write_bytes_atomic(path, png.getvalue())
-    return path
-
-
-def _file_name(name: str) -> str:
-    return re.sub(r"[^\w.-]+", "_", name).strip("_") or "metric"

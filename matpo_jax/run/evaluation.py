@@ -11,7 +11,7 @@ processes' own (multihost.combine_metrics: exact for counts, equal-weight means 
 from __future__ import annotations
 
 import collections
-from typing import Mapping
+from typing import Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -36,16 +36,19 @@ def eval_selection(eval_cfg: EvalSection, split_sizes: Mapping[str, int]) -> tup
     return eval_cfg.split, count
 
 
-def eval_records(rt: Runtime) -> list[dict]:
-    """The evaluation questions (see `eval_selection`)."""
+def eval_records(rt: Runtime, limit: int | None = None) -> list[dict]:
+    """The evaluation questions (see `eval_selection`), or the first `limit` of them."""
     source = rt.assets.source(rt.cfg.eval.split)
     split, count = eval_selection(rt.cfg.eval, {rt.cfg.eval.split: len(source)})
+    count = count if limit is None else min(count, limit)
     return [loader_lib.decode_record(source[i]) for i in range(count)]
 
 
-def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> dict[str, float]:
-    """Rolls out every evaluation question once and returns `eval/...` metrics (scored with the
-    training reward)."""
+def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None, prefix: str = "eval/",
+             curve_questions: int = 0) -> dict[str, float]:
+    """Rolls out every evaluation question once and returns `<prefix>...` metrics (scored with
+    the training reward). curve_questions > 0 adds the per-question metrics of the first that
+    many questions as `curve/...`: the validation curve's point (run/eval_curve.py)."""
     all_records = records if records is not None else eval_records(rt)
     start, stop = _process_share(len(all_records))
     records = all_records[start:stop]
@@ -65,32 +68,53 @@ def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None) -> d
         tool_calls[r.query_index] += len(r.tool_calls)
         if r.role == WORKER:
             worker_calls[r.query_index] += 1
-    rows = [[int(records[o.query_index]["hops"]), breakdowns[o.rollout_id].accuracy,
-             breakdowns[o.rollout_id].reward, breakdowns[o.rollout_id].prediction is not None,
-             tool_calls[o.query_index], worker_calls[o.query_index]]
+    rows = [QuestionRow(start + o.query_index, int(records[o.query_index]["hops"]),
+                        breakdowns[o.rollout_id].accuracy, breakdowns[o.rollout_id].reward,
+                        breakdowns[o.rollout_id].prediction is not None,
+                        tool_calls[o.query_index], worker_calls[o.query_index])
             for o in batch.rollouts if o.role != WORKER]
     stats = rollout_stats(batch.rollouts)
     gathered = multihost.allgather_objects({"rows": rows, "stats": stats})
-    rows = [row for part in gathered for row in part["rows"]]
-    hops, accuracy, reward, answered, tools, workers = (list(column) for column in zip(*rows))
-    by_hops = collections.defaultdict(list)
-    for h, a in zip(hops, accuracy):
-        by_hops[int(h)].append(a)
-    n = len(all_records)
-    out = {
-        "eval/accuracy": float(np.mean(accuracy)),
-        "eval/reward": float(np.mean(reward)),
-        "eval/tool_calls_per_question": sum(tools) / n,
-        "eval/worker_calls_per_question": sum(workers) / n,
-        "eval/answered": float(np.mean(answered)),
-        "eval/questions": float(n),
-    }
-    out.update({f"eval/accuracy_hop{h}": float(np.mean(v)) for h, v in sorted(by_hops.items())})
-    out.update({f"eval/{k}": v for k, v in
+    # In question order, so the curve's questions are the first rows whatever finished first.
+    rows = sorted((row for part in gathered for row in part["rows"]), key=lambda r: r.index)
+    out = question_metrics(rows, prefix)
+    out.update({f"{prefix}{k}": v for k, v in
                 multihost.combine_metrics([part["stats"] for part in gathered]).items()})
+    if curve_questions:
+        out.update(question_metrics(rows[:curve_questions], "curve/"))
     if multihost.is_primary():  # its own share's transcripts
         _write(rt, tag, out, batch.rollouts, records, breakdowns)
     return out
+
+
+class QuestionRow(NamedTuple):
+    """One evaluated question's outcome."""
+    index: int  # in the evaluated records
+    hops: int
+    accuracy: float
+    reward: float
+    answered: bool
+    tool_calls: int
+    worker_calls: int
+
+
+def question_metrics(rows: Sequence[QuestionRow], prefix: str) -> dict[str, float]:
+    """Accuracy (overall and per hop count), reward, answered fraction and tool use per question
+    of `rows`, each key `<prefix>name`."""
+    n = len(rows)
+    by_hops = collections.defaultdict(list)
+    for row in rows:
+        by_hops[row.hops].append(row.accuracy)
+    out = {
+        "accuracy": float(np.mean([r.accuracy for r in rows])),
+        "reward": float(np.mean([r.reward for r in rows])),
+        "tool_calls_per_question": sum(r.tool_calls for r in rows) / n,
+        "worker_calls_per_question": sum(r.worker_calls for r in rows) / n,
+        "answered": float(np.mean([r.answered for r in rows])),
+        "questions": float(n),
+    }
+    out.update({f"accuracy_hop{h}": float(np.mean(v)) for h, v in sorted(by_hops.items())})
+    return {f"{prefix}{name}": value for name, value in out.items()}
 
 
 def _process_share(count: int) -> tuple[int, int]:

@@ -7,7 +7,8 @@ eval.datasets (run/run_eval.py).
 Every phase resumes from its own checkpoints, so re-running the same command after a crash or a
 preemption continues where the run stopped; the workdir's config.json is compared with the new
 config first, and a changed config is refused (config/resume.py). The run's summary (the
-evaluations before and after RL) is written to <workdir>/summary.json; curves to <workdir>/plots/.
+evaluations before and after RL) is written to <workdir>/summary.json; figures to <workdir>/plots/
+(report/plots.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
 from matpo_jax.report import files
 from matpo_jax.report.files import write_json_atomic
+from matpo_jax.run import eval_curve
 from matpo_jax.run.run_eval import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
 from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
@@ -111,20 +113,30 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
         if cfg.train.steps == 0:  # an SFT-only run: a shared start for other runs
             log.info("train.steps = 0: SFT only, checkpoints in %s", rt.path("checkpoints", "sft"))
             return _write_summary(rt, {"workdir": files.absolute(workdir), "sft_only": True})
-        eval_fn = lambda g, s, tag: evaluate_run(rt, g, s, tag=tag)  # noqa: E731
+        # The full evaluations after SFT and after RL carry the validation curve's first and last
+        # points; the evaluations every train.eval_every steps are its points in between.
+        curve = eval_curve.curve_size(rt)
+
+        def eval_fn(g, s, tag):
+            return evaluate_run(rt, g, s, tag=tag, curve_questions=curve)
+
+        def periodic_fn(g, s, tag):
+            return eval_curve.evaluate_curve(rt, g, s, tag=tag) if curve else eval_fn(g, s, tag)
+
         sft_eval = _cached_eval(rt, "sft", lambda: eval_fn(graphdef, model_state(sft_state), "sft"))
         resume_step = latest_rl_step(rt)
         with metrics_lib.MetricsWriter(workdir, enabled=primary, resume_step=resume_step) as writer:
-            writer.write(0, sft_eval)
-            state = run_rl(rt, graphdef, sft_state.params, sft_state.frozen, writer, eval_fn)
+            writer.write_once(0, sft_eval)  # a resumed run has logged it already
+            state = run_rl(rt, graphdef, sft_state.params, sft_state.frozen, writer, periodic_fn)
             final_eval = _cached_eval(rt, "final",
                                       lambda: eval_fn(graphdef, model_state(state), "final"))
-            writer.write(cfg.train.steps, final_eval)
+            writer.write_once(cfg.train.steps, final_eval)
     summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": files.absolute(workdir),
                "mode": cfg.rollout.mode}
     _write_summary(rt, summary)
     if primary:
-        plots.plot_curves(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
+        plots.plot_run(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
         if files.run_path(rt.path("sft", metrics_lib.METRICS_FILE)).exists():
-            plots.plot_curves(rt.path("sft", metrics_lib.METRICS_FILE), rt.path("plots", "sft"))
+            plots.plot_run(rt.path("sft", metrics_lib.METRICS_FILE), rt.path("plots"),
+                           figures=plots.SFT_FIGURES)
     return summary

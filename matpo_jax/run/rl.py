@@ -119,7 +119,8 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
 class _RLSteps:
     """batch_fn and after_step of the RL loop: rollouts of the next questions with the current
     policy, rewards, the MATPO batch (with reference log-probs when rl.kl_coef > 0); then
-    evaluation every train.eval_every steps and the consumed-questions record."""
+    evaluation every train.eval_every steps (`evaluate_fn`: the validation curve's questions, or
+    the whole evaluation; run/eval_curve.py) and the consumed-questions record."""
 
     def __init__(self, rt: Runtime, loop: loop_lib.TrainLoop, questions, scfg, evaluate_fn):
         self.rt, self.loop, self.questions, self.scfg = rt, loop, questions, scfg

@@ -23,14 +23,18 @@ from matpo_jax.run.evaluation import evaluate
 from matpo_jax.run.runtime import Runtime, rollout_config
 
 
-def evaluate_run(rt: Runtime, graphdef, model_state, *, tag: str) -> dict[str, float]:
-    """The `eval/...` metrics of the policy `model_state` on every dataset of eval.datasets."""
+def evaluate_run(rt: Runtime, graphdef, model_state, *, tag: str,
+                 curve_questions: int = 0) -> dict[str, float]:
+    """The `eval/...` metrics of the policy `model_state` on every dataset of eval.datasets
+    (and `curve/...`, the validation curve's point, from the synthetic world's first
+    `curve_questions` questions)."""
     datasets = tuple(rt.cfg.eval.datasets)
     if datasets == (loader_lib.SYNTHETIC,):  # the synthetic world alone, as it always was
-        return evaluate(rt, graphdef, model_state, tag=tag)
+        return evaluate(rt, graphdef, model_state, tag=tag, curve_questions=curve_questions)
     metrics = {}
     if loader_lib.SYNTHETIC in datasets:
-        metrics.update(evaluate(rt, graphdef, model_state, tag=tag))
+        metrics.update(evaluate(rt, graphdef, model_state, tag=tag,
+                                curve_questions=curve_questions))
     benchmarks = [name for name in datasets if name != loader_lib.SYNTHETIC]
     metrics.update(_benchmark_metrics(rt, graphdef, model_state, tag, benchmarks))
     if jax.process_index() == 0:

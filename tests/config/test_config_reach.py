@@ -24,7 +24,7 @@ import pytest
 from matpo_jax.config import (RolloutSection, apply_overrides, base_config,
                               schema, to_typed)
 from matpo_jax.data import world_assets
-from matpo_jax.run import evaluation, experiment, runtime
+from matpo_jax.run import eval_curve, evaluation, experiment, runtime
 from matpo_jax.run import rl as rl_phase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +66,10 @@ def eval_rollouts(cfg):
 
 def eval_questions(cfg):
     return evaluation.eval_selection(cfg.eval, {"validation": 100, "test": 90, "train": 80})
+
+
+def curve_questions(cfg):
+    return eval_curve.curve_selection(cfg.eval, {"validation": 100, "test": 90, "train": 80})
 
 
 def _settings_of(obj, depth=0):
@@ -306,6 +310,7 @@ REACH: dict[str, Reach] = {
     "eval.split": Reach(eval_questions, "test"),
     "eval.num_questions": Reach(eval_questions),
     "eval.temperature": Reach(eval_rollouts),
+    "eval.curve_questions": Reach(curve_questions, 32),
 }
 
 def changed_value(path: str, reach: Reach):

@@ -1,4 +1,5 @@
-"""Metrics JSONL + TensorBoard writers, rollout statistics, the progress bar and the PNG plots."""
+"""Metrics JSONL + TensorBoard writers, rollout statistics and the progress bar (the PNG figures:
+test_plots.py, test_compare.py)."""
 import io
 import math
 import struct
@@ -6,7 +7,6 @@ import struct
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from matplotlib import image as mpimg
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
@@ -14,9 +14,6 @@ from matpo_jax.agents.trajectory import Rollout, ToolCallRecord
 from matpo_jax.report.metrics import (MetricsWriter, Progress, load_metrics, read_records, 
                                split_role)
 from matpo_jax.agents.rollout_metrics import rollout_stats, summarize_by_role
-from matpo_jax.report.plots import aggregate_runs, plot_comparison, plot_curves
-
-TAB_BLUE, TAB_ORANGE = (31, 119, 180), (255, 127, 14)  # matplotlib's C0 and C1
 
 
 def read_tensorboard_scalars(logdir):
@@ -98,6 +95,23 @@ def test_torn_line_and_resume_truncation(tmp_path):
     assert "eval/accuracy" in records[4]  # merged eval record of step 4 survived
 
 
+def test_write_once_skips_a_record_a_resumed_run_logged_already(tmp_path):
+    """The evaluation rows at step 0 and at the end are written once, however often the run is
+    started: a second start finds them and writes nothing."""
+    for start in range(2):
+        with MetricsWriter(tmp_path, tensorboard=False, resume_step=None if start == 0 else 3) \
+                as writer:
+            first = writer.write_once(0, {"eval/accuracy": 0.1, "curve/accuracy": 0.2})
+            if start == 0:
+                writer.write(1, {"loss": 1.0})
+            else:
+                assert first is None
+            writer.write_once(1, {"eval/accuracy": 0.3})  # new keys at a logged step: written
+    records = read_records(tmp_path / "metrics.jsonl")
+    assert [(r["step"], sorted(set(r) - {"step", "time"})) for r in records] == [
+        (0, ["curve/accuracy", "eval/accuracy"]), (1, ["loss"]), (1, ["eval/accuracy"])]
+
+
 def test_tensorboard_events_are_written_and_readable(tmp_path):
     writer = MetricsWriter(tmp_path)
     for step in range(5):
@@ -163,49 +177,3 @@ def test_progress_bar_shows_steps_eta_and_metrics():
     assert "<" in text  # tqdm's "elapsed<remaining" ETA field
 
 
-def colour_fraction(image, rgb, tolerance=40):
-    pixels = (image[..., :3] * 255).astype(int)
-    return np.mean(np.all(np.abs(pixels - np.array(rgb)) < tolerance, axis=-1))
-
-
-def test_plot_curves_writes_decodable_pngs_with_roles(tmp_path):
-    path = write_fake_run(tmp_path / "run")
-    written = plot_curves(path, tmp_path / "plots")
-    assert {"reward_mean", "accuracy", "loss", "response_tokens_mean", "tool_calls_mean",
-            "eval/accuracy", "overview"} == set(written)
-    assert written["eval/accuracy"].name == "eval_accuracy.png"
-    for name, png in written.items():
-        image = mpimg.imread(png)
-        assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300, name
-        assert np.mean(image[..., :3] < 0.9) > 0.01, f"{name}.png is nearly blank"
-    roles = mpimg.imread(written["response_tokens_mean"])
-    assert colour_fraction(roles, TAB_BLUE) > 1e-3 and colour_fraction(roles, TAB_ORANGE) > 1e-3
-    single = mpimg.imread(written["loss"])  # one line: no second colour
-    assert colour_fraction(single, TAB_ORANGE) < 1e-4
-
-    chosen = plot_curves(path, tmp_path / "chosen", keys=["loss", "tool_calls_mean/worker"],
-                         smoothing=0.6)
-    assert set(chosen) == {"loss", "tool_calls_mean", "overview"}
-    with pytest.raises(KeyError, match="nope"):
-        plot_curves(path, tmp_path / "bad", keys=["nope"])
-
-
-def test_plot_comparison_mean_and_std_band(tmp_path):
-    single = [write_fake_run(tmp_path / f"single{s}", seed=s) for s in range(3)]
-    matpo = [write_fake_run(tmp_path / f"matpo{s}", seed=10 + s, offset=0.2) for s in range(3)]
-    steps, mean, std, n = aggregate_runs(single, "reward_mean")
-    values = np.stack([[r["reward_mean"] for r in load_metrics(p)] for p in single])
-    assert n == 3 and list(steps) == list(range(12))
-    np.testing.assert_allclose(mean, values.mean(0))
-    np.testing.assert_allclose(std, values.std(0))
-    assert np.all(std > 0)
-
-    out = plot_comparison({"single-agent": single, "MATPO": matpo}, tmp_path / "cmp.png",
-                          keys=("reward_mean", "accuracy"), title="reproduction")
-    image = mpimg.imread(out)
-    assert image.shape[1] > 600  # two panels side by side
-    assert colour_fraction(image, TAB_BLUE) > 1e-3 and colour_fraction(image, TAB_ORANGE) > 1e-3
-    band = (np.array(TAB_BLUE) * 0.25 + 255 * 0.75).astype(int)  # alpha 0.25 over white
-    assert colour_fraction(image, band, tolerance=12) > 1e-3
-    with pytest.raises(KeyError, match="missing"):
-        plot_comparison({"a": single}, tmp_path / "x.png", keys=("missing",))

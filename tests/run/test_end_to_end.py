@@ -85,9 +85,28 @@ def _consumed(workdir: str) -> dict[int, list[str]]:
     return out
 
 
+def _curve(workdir: str) -> list[tuple[int, float, float]]:
+    """(step, curve/questions, curve/accuracy) of every row of the validation curve, as logged."""
+    return [(r["step"], r["curve/questions"], r["curve/accuracy"])
+            for r in metrics_lib.read_records(os.path.join(workdir, "metrics.jsonl"))
+            if "curve/accuracy" in r]
+
+
+def _logged_twice(workdir: str) -> list[tuple[int, str]]:
+    """(step, metric) pairs written in more than one row (a resumed run must not repeat one)."""
+    seen, twice = set(), []
+    for record in metrics_lib.read_records(os.path.join(workdir, "metrics.jsonl")):
+        for key in set(record) - {"step", "time"}:
+            if (record["step"], key) in seen:
+                twice.append((record["step"], key))
+            seen.add((record["step"], key))
+    return twice
+
+
 def _check_whole_job(workdir: str, rl_steps: int) -> None:
     """What a finished run leaves: RL and SFT metrics per step, both evaluations with their
-    samples, the plots, the last RL checkpoint."""
+    samples, the validation curve at step 0, every train.eval_every steps and at the end, the
+    figures, the last RL checkpoint."""
     cfg = read_saved_config(workdir)  # the config the run recorded
     records = metrics_lib.load_metrics(os.path.join(workdir, "metrics.jsonl"))
     rl_steps_logged = [r for r in records if "loss" in r]
@@ -105,7 +124,13 @@ def _check_whole_job(workdir: str, rl_steps: int) -> None:
     for tag in ("sft", "final"):
         assert summary[f"{tag}_eval"]["eval/questions"] == 4
         assert os.path.exists(os.path.join(workdir, "eval", f"{tag}_samples.txt"))
-    assert os.path.exists(os.path.join(workdir, "plots", "overview.png"))
+    every, curve = cfg["train"]["eval_every"], cfg["eval"]["curve_questions"]
+    assert [(step, questions) for step, questions, _ in _curve(workdir)] == [
+        (step, curve) for step in [0, *range(every, rl_steps, every), rl_steps]]
+    assert [r["step"] for r in records if "eval/questions" in r] == [0, rl_steps]  # full ones
+    assert _logged_twice(workdir) == []
+    for figure in ("overview", "rollouts", "optimisation", "sft"):
+        assert os.path.exists(os.path.join(workdir, "plots", f"{figure}.png")), figure
     with ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", "rl")) as c:
         assert c.latest_step() == rl_steps
 
@@ -113,7 +138,9 @@ def _check_whole_job(workdir: str, rl_steps: int) -> None:
 def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(tmp_path,
                                                                                  data_dir):
     steps, kill_after = 5, 2
-    overrides = shrink(data_dir, rl_steps=steps)
+    # The validation curve on 2 of the 4 evaluation questions, at steps 2 and 4 (0 and 5 from
+    # the full evaluations): the killed run evaluated step 2 before it died.
+    overrides = shrink(data_dir, rl_steps=steps) + ",train.eval_every=2,eval.curve_questions=2"
     # The session's compilation cache (inherited): the killed and the resumed run load what the
     # straight run compiled (the same executables, so the comparison stays bitwise).
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
@@ -143,4 +170,5 @@ def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(
     for a, b in zip(leaves_a, leaves_b):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert _consumed(straight) == _consumed(resumed)
+    assert _curve(resumed) == _curve(straight) and _logged_twice(resumed) == []
     assert sorted(_consumed(straight)) == list(range(1, steps + 1))

@@ -100,10 +100,9 @@ def test_metrics_tensorboard_and_plots_on_gcs_with_resume_cut_back(gcs_server, g
     assert any(e.step == 3 and v.tag == "loss" and v.simple_value == pytest.approx(0.1)
                for e in events for v in e.summary.value)
 
-    written = plots.plot_curves(metrics_path, f"{workdir}/plots")
+    written = plots.plot_run(metrics_path, f"{workdir}/plots")
     assert str(written["overview"]) == f"{workdir}/plots/overview.png"
-    for name in ("overview", "loss", "reward_mean"):
-        assert read_object(gcs_server, f"{workdir}/plots/{name}.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert read_object(gcs_server, f"{workdir}/plots/overview.png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_whole_and_appended_files_on_gcs(gcs_server, gcs_root):
@@ -206,7 +205,7 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
     names = set(list_objects(gcs_server, workdir))
     for name in ("config.json", "summary.json", "metrics.jsonl", "consumed.jsonl",
                  "sft/metrics.jsonl", "eval/sft.json", "eval/final.json", "eval/sft_samples.txt",
-                 "eval/final_samples.txt", "plots/overview.png", "plots/sft/overview.png"):
+                 "eval/final_samples.txt", "plots/overview.png", "plots/sft.png"):
         assert f"{workdir}/{name}" in names, name
     for prefix in ("tensorboard/events.", "sft/tensorboard/events.", "checkpoints/sft/2/params/",
                    "checkpoints/rl/1/params/"):
@@ -219,8 +218,8 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
     assert [r["step"] for r in jsonl(read_object(gcs_server, f"{workdir}/consumed.jsonl"))] == [1]
     records = metrics_lib.load_metrics(f"{workdir}/metrics.jsonl")
     assert [r["step"] for r in records if "loss" in r] == [1]  # RL step 1 not trained again
-    assert len(jsonl(read_object(gcs_server, f"{workdir}/metrics.jsonl"))) == \
-        len(jsonl(metrics)) + 2  # the rerun logs the cached evaluations again (steps 0 and 1)
+    # the cached evaluations (steps 0 and 1) are not logged again: one row each
+    assert jsonl(read_object(gcs_server, f"{workdir}/metrics.jsonl")) == jsonl(metrics)
     with pytest.raises(ConfigError, match=f"the run in {workdir} has"):
         run_experiment(to_typed(load_config_file(TINY, overrides + ",rl.lr=0.5")), workdir)
 
