@@ -49,7 +49,13 @@ Predicted answer: {prediction}
 
 Reply with a single letter: A, B or C."""
 
-_GRADE_PATTERN = re.compile(r"\b([ABC])\b")
+# The whole reply is the grade: the letter, optionally after "Grade:" and before its own name
+# ("A", "Grade: B", "**C**", "A = CORRECT"). A letter inside other text is no grade: in
+# "A wrong answer: B" the first standalone letter is not the judge's verdict.
+_NAMES = {CORRECT: "CORRECT", INCORRECT: "INCORRECT", NOT_ATTEMPTED: "NOT_ATTEMPTED"}
+_GRADE_REPLY = re.compile(
+    r"^[\s*_`\"'(\[]*(?:(?i:grade|answer)\s*[:=]?[\s*_`\"'(\[]*)?([ABC])"
+    r"(?:[\s*)\]]*[=:(\-]?\s*(CORRECT|INCORRECT|NOT[_ ]ATTEMPTED))?[\s*_`\"'.)\]]*$")
 
 
 class JudgeError(RuntimeError):
@@ -73,10 +79,11 @@ class JudgeConfig:
 
 
 def parse_grade(text: str) -> str:
-    """First standalone A/B/C in the judge's reply."""
-    match = _GRADE_PATTERN.search(text.strip())
-    if match is None:
-        raise JudgeError(f"judge reply has no A/B/C grade: {text[:200]!r}")
+    """The grade the judge's reply consists of; JudgeError when it is not just a grade."""
+    match = _GRADE_REPLY.match(text.strip())
+    if match is None or (match.group(2) and
+                         match.group(2).replace(" ", "_") != _NAMES[match.group(1)]):
+        raise JudgeError(f"judge reply is not one A/B/C grade: {text[:200]!r}")
     return match.group(1)
 
 

@@ -47,3 +47,12 @@ def test_the_config_sets_the_judge_timeout_and_retries():
     for field, value in (("reward.judge_timeout_s", "0"), ("reward.judge_max_retries", "-1")):
         with pytest.raises(ConfigError, match=field):
             to_typed(apply_overrides(base_config(), {field: value}))
+
+
+def test_only_a_reply_that_is_a_grade_is_parsed():
+    for reply, grade in (("A", "A"), ("  C\n", "C"), ("Grade: B", "B"), ("**A**", "A"),
+                         ("A = CORRECT", "A"), ("B (INCORRECT)", "B"), ("C.", "C")):
+        assert judge_lib.parse_grade(reply) == grade, reply
+    for reply in ("A wrong answer: B", "correct", "B or A", "A = INCORRECT", "I think A", ""):
+        with pytest.raises(judge_lib.JudgeError):
+            judge_lib.parse_grade(reply)
