@@ -228,6 +228,10 @@ class RewardSection(Section):
     judge_url: str | None = setting(None, "OpenAI-compatible base URL, ends before /chat/...")
     judge_model: str = setting("gpt-4o-mini", "the judge's model name")
     judge_api_key_env: str = setting("OPENAI_API_KEY", "env var holding the judge's API key")
+    judge_timeout_s: float = setting(30.0, "the whole of one judge request: connecting, headers "
+                                     "and body (not per read)", range=POSITIVE)
+    judge_max_retries: int = setting(3, "extra judge attempts after the first, on transient "
+                                     "failures", range=NON_NEGATIVE)
 
 
 # ------------------------------------------------------------------------------------------ rl

@@ -3,20 +3,26 @@
 The reference MATPO release grades answers with a chat model and a SimpleQA-style prompt: the judge
 answers with one letter, A (correct), B (incorrect) or C (not attempted). This client is used from
 the reward stage, which grades a whole RL batch at once, so it offers `grade_many` with a bounded
-thread pool (a judge service is shared and rate limited), per-request timeouts, and retries with
-exponential backoff on transient failures (connection errors, timeouts, HTTP 429 and 5xx).
+thread pool (a judge service is shared and rate limited), one deadline per attempt, and retries
+with exponential backoff on transient failures (connection errors, timeouts, HTTP 429 and 5xx).
+
+Requests go through the tools' transport (tools/transport.py): `timeout_s` bounds an attempt's
+whole duration (connecting, headers, body), not each socket read, so a judge that trickles its
+headers cannot hold a grade past `(max_retries + 1) * timeout_s` plus the backoffs.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import os
 import re
 import threading
 import time
 from typing import Sequence
 
-import requests
+from matpo_jax.tools.addresses import AddressPolicy
+from matpo_jax.tools.transport import HttpTransport, Limits, TransportError
 
 CORRECT, INCORRECT, NOT_ATTEMPTED = "A", "B", "C"
 GRADES = (CORRECT, INCORRECT, NOT_ATTEMPTED)
@@ -43,7 +49,13 @@ Predicted answer: {prediction}
 
 Reply with a single letter: A, B or C."""
 
-_GRADE_PATTERN = re.compile(r"\b([ABC])\b")
+# The whole reply is the grade: the letter, optionally after "Grade:" and before its own name
+# ("A", "Grade: B", "**C**", "A = CORRECT"). A letter inside other text is no grade: in
+# "A wrong answer: B" the first standalone letter is not the judge's verdict.
+_NAMES = {CORRECT: "CORRECT", INCORRECT: "INCORRECT", NOT_ATTEMPTED: "NOT_ATTEMPTED"}
+_GRADE_REPLY = re.compile(
+    r"^[\s*_`\"'(\[]*(?:(?i:grade|answer)\s*[:=]?[\s*_`\"'(\[]*)?([ABC])"
+    r"(?:[\s*)\]]*[=:(\-]?\s*(CORRECT|INCORRECT|NOT[_ ]ATTEMPTED))?[\s*_`\"'.)\]]*$")
 
 
 class JudgeError(RuntimeError):
@@ -56,20 +68,22 @@ class JudgeConfig:
     base_url: str  # ends before /chat/completions
     model: str
     api_key_env: str  # read at request time; unset -> no Authorization header
-    timeout_s: float = 30.0
-    max_retries: int = 3  # extra attempts after the first one
+    timeout_s: float = 30.0  # the whole of one attempt (reward.judge_timeout_s)
+    max_retries: int = 3  # extra attempts after the first one (reward.judge_max_retries)
     backoff_s: float = 1.0  # first retry delay; doubles each retry
     max_backoff_s: float = 30.0
     max_concurrency: int = 8
     max_tokens: int = 8
     temperature: float = 0.0
+    max_response_bytes: int = 1_000_000
 
 
 def parse_grade(text: str) -> str:
-    """First standalone A/B/C in the judge's reply."""
-    match = _GRADE_PATTERN.search(text.strip())
-    if match is None:
-        raise JudgeError(f"judge reply has no A/B/C grade: {text[:200]!r}")
+    """The grade the judge's reply consists of; JudgeError when it is not just a grade."""
+    match = _GRADE_REPLY.match(text.strip())
+    if match is None or (match.group(2) and
+                         match.group(2).replace(" ", "_") != _NAMES[match.group(1)]):
+        raise JudgeError(f"judge reply is not one A/B/C grade: {text[:200]!r}")
     return match.group(1)
 
 
@@ -83,10 +97,10 @@ class JudgeStats:
 class LLMJudge:
     """Grades (question, gold, prediction) triples with a chat model."""
 
-    def __init__(self, config: JudgeConfig,
-                 session: requests.Session | None = None):
+    def __init__(self, config: JudgeConfig, transport: HttpTransport | None = None):
         self.config = config
-        self._session = session or requests.Session()
+        self._transport = transport or HttpTransport(AddressPolicy())
+        self._transport.policy.allow(self.url)  # the configured endpoint, local or not
         self._lock = threading.Lock()
         # Caps requests in flight per judge, also when several threads call grade() directly.
         self._slots = threading.BoundedSemaphore(config.max_concurrency)
@@ -108,19 +122,30 @@ class LLMJudge:
             setattr(self.stats, field, getattr(self.stats, field) + 1)
 
     def _post_once(self, payload: dict) -> str:
+        body = json.dumps(payload).encode("utf-8")
         with self._slots:
             self._count("requests")
-            response = self._session.post(
-                self.url, json=payload, headers=self._headers(), timeout=self.config.timeout_s)
-        if response.status_code == 429 or response.status_code >= 500:
-            raise _Transient(f"HTTP {response.status_code}: {response.text[:200]}")
-        if response.status_code != 200:  # 4xx other than 429: retrying will not help
-            raise JudgeError(f"judge endpoint {self.url} answered HTTP {response.status_code}: "
-                             f"{response.text[:200]}")
+            limits = Limits(deadline=time.monotonic() + self.config.timeout_s,
+                            connect_timeout_s=self.config.timeout_s,
+                            read_timeout_s=self.config.timeout_s,
+                            max_bytes=self.config.max_response_bytes)
+            try:
+                response = self._transport.request("POST", self.url, limits, body=body,
+                                                   headers=self._headers())
+            except TransportError as err:
+                if err.retryable:
+                    raise _Transient(err.message) from None
+                raise JudgeError(f"judge endpoint {self.url}: {err.message}") from None
+        text = response.body.decode("utf-8", errors="replace")
+        if response.status == 429 or response.status >= 500:
+            raise _Transient(f"HTTP {response.status}: {text[:200]}")
+        if response.status != 200:  # 4xx other than 429: retrying will not help
+            raise JudgeError(f"judge endpoint {self.url} answered HTTP {response.status}: "
+                             f"{text[:200]}")
         try:
-            return response.json()["choices"][0]["message"]["content"] or ""
+            return json.loads(text)["choices"][0]["message"]["content"] or ""
         except (ValueError, KeyError, IndexError, TypeError) as err:
-            raise JudgeError(f"malformed chat-completions reply: {response.text[:200]!r}") from err
+            raise JudgeError(f"malformed chat-completions reply: {text[:200]!r}") from err
 
     def grade(self, question: str, gold: str, prediction: str) -> str:
         """One of GRADES; raises JudgeError when every attempt failed."""
@@ -140,7 +165,7 @@ class LLMJudge:
                 delay *= 2
             try:
                 return parse_grade(self._post_once(payload))
-            except (_Transient, requests.ConnectionError, requests.Timeout) as err:
+            except _Transient as err:
                 last_error = err
         raise JudgeError(f"judge endpoint {self.url} failed after "
                          f"{self.config.max_retries + 1} attempts: {last_error}")

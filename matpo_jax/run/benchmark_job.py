@@ -29,9 +29,10 @@ from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
 from matpo_jax.report import files
-from matpo_jax.rl.judge import JudgeConfig, LLMJudge
+from matpo_jax.rl.judge import LLMJudge
 from matpo_jax.run import benchmark_eval, benchmark_report
-from matpo_jax.run.runtime import build_model, make_mesh, make_toolbox, rollout_config
+from matpo_jax.run.runtime import (build_model, judge_config, make_mesh, make_toolbox,
+                                   rollout_config)
 from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.trainer import checkpoint as ckpt_lib
 
@@ -127,8 +128,7 @@ def make_grader(cfg, options: BenchmarkOptions) -> benchmark_eval.Grader:
     url = options.judge_url or cfg.reward.judge_url
     if not url:
         raise ValueError("grader 'judge' needs an endpoint: --judge_url or reward.judge_url")
-    return benchmark_eval.Grader("judge", judge=LLMJudge(JudgeConfig(
-        base_url=url, model=cfg.reward.judge_model, api_key_env=cfg.reward.judge_api_key_env)))
+    return benchmark_eval.Grader("judge", judge=LLMJudge(judge_config(cfg.reward, url)))
 
 
 def load_questions(cfg, name: str, config, options: BenchmarkOptions, data_dir: str):

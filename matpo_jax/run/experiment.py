@@ -12,9 +12,9 @@ evaluations before and after RL) is written to <workdir>/summary.json; figures t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import contextlib
 from typing import Iterable
 
 import jax
@@ -32,6 +32,7 @@ from matpo_jax.run.run_eval import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
 from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
 from matpo_jax.run.sft import run_sft
+from matpo_jax.run.workdir_lock import workdir_lock
 from matpo_jax.tools.search_server import SearchServer
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,12 @@ def run_experiment(cfg: ExperimentConfig, workdir: str, *,
                         f"{type(cfg).__name__}")
     files.makedirs(workdir)
     config_lib.check_resume(cfg, workdir, allow_config_change)  # before anything is written
+    # One run per workdir, taken before the run writes (process 0 holds it for all).
+    with workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run_experiment(cfg, workdir)
+
+
+def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
     if cfg.data.batch_size % jax.process_count():
         raise config_lib.ConfigError(
             f"data.batch_size={cfg.data.batch_size} does not divide by the {jax.process_count()} "

@@ -175,12 +175,18 @@ def reward_config(cfg: ExperimentConfig) -> rewards_lib.RewardConfig:
                                     f1_threshold=cfg.reward.f1_threshold)
 
 
+def judge_config(reward: RewardSection, url: str | None = None) -> JudgeConfig:
+    """The judge client's settings from the reward section (`url`: another endpoint)."""
+    return JudgeConfig(base_url=url or reward.judge_url, model=reward.judge_model,
+                       api_key_env=reward.judge_api_key_env, timeout_s=reward.judge_timeout_s,
+                       max_retries=reward.judge_max_retries)
+
+
 def make_judge(reward: RewardSection) -> LLMJudge | None:
     """The LLM judge client when the reward asks for one (an OpenAI-compatible endpoint)."""
     if reward.method != "judge":
         return None
-    return LLMJudge(JudgeConfig(base_url=reward.judge_url, model=reward.judge_model,
-                                api_key_env=reward.judge_api_key_env))
+    return LLMJudge(judge_config(reward))
 
 
 # ------------------------------------------------------------------------------------------ rngs

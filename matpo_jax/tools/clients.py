@@ -36,7 +36,8 @@ from matpo_jax.tools.results import (  # noqa: F401 - the error kinds, importabl
     TOO_MANY_REDIRECTS, UNKNOWN_TOOL, UNSUPPORTED_CONTENT, ToolFailure, ToolMetrics, ToolResult)
 from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA
 from matpo_jax.tools.transport import HttpTransport
-from matpo_jax.tools.web import PAGE_BACKENDS, OpenRouter, html_to_text, make_web_reader
+from matpo_jax.tools.html_text import html_to_text
+from matpo_jax.tools.web import PAGE_BACKENDS, OpenRouter, make_web_reader
 
 SEARCH_PROTOCOLS = ("serper", "retrieval")
 

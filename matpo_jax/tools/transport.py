@@ -90,6 +90,10 @@ class _DeadlineSocket:
 
     def __init__(self, sock: socket.socket, read_timeout_s: float, deadline: float):
         self._sock, self.read_timeout_s, self.deadline = sock, read_timeout_s, deadline
+        # As socket.socket does: close() waits for the readers made by makefile(). http.client
+        # closes the connection as soon as it sees a response that ends it (HTTP/1.0,
+        # Connection: close) and reads that response's body after (EBADF otherwise).
+        self._readers, self._closed = 0, False
 
     def _arm(self) -> None:
         remaining = self.deadline - time.monotonic()
@@ -107,16 +111,21 @@ class _DeadlineSocket:
 
     def makefile(self, mode: str = "rb", buffering: int = -1, **_) -> io.BufferedReader:
         # What http.client reads responses from: every read ends up in recv_into above.
+        self._readers += 1
         return io.BufferedReader(socket.SocketIO(self, "rb"))
 
     def _decref_socketios(self) -> None:  # socket.SocketIO's close() calls it
-        pass
+        self._readers = max(0, self._readers - 1)
+        if self._closed and not self._readers:
+            self._sock.close()
 
     def fileno(self) -> int:
         return self._sock.fileno()
 
     def close(self) -> None:
-        self._sock.close()
+        self._closed = True
+        if not self._readers:
+            self._sock.close()
 
 
 class _Connection(http.client.HTTPConnection):

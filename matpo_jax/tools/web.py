@@ -3,8 +3,8 @@
 Three backends behind the one `open` tool (chosen by `page_backend` in `worker_toolbox`):
 - `WebPageReader` ("fetch"): GET the URL here. The address policy refuses non-http(s) URLs and
   non-public addresses after DNS resolution and on every redirect hop; bytes and time are capped
-  by the HttpPolicy. HTML -> main text with trafilatura (boilerplate, menus and footers dropped),
-  PDF -> text with pypdf, text/JSON/XML as is; anything else is refused.
+  by the HttpPolicy. HTML -> main text with trafilatura (boilerplate, menus and footers dropped;
+  in worker processes the call's deadline ends, main_text.py), PDF -> text with pypdf, text/JSON/XML as is; anything else is refused.
 - `ReaderService` ("reader"): a Jina-style reader, GET {reader_url}/{url} -> text
   (e.g. https://r.jina.ai, key in `Authorization: Bearer` from an environment variable).
 - `SerperScrape` ("serper_scrape"): POST {"url"} to https://scrape.serper.dev with X-API-KEY
@@ -22,12 +22,16 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from matpo_jax.tools.addresses import BlockedUrl, parse
-from matpo_jax.tools.http_tool import (HttpTool, Truncated, expect, parse_json, response_text)
+from matpo_jax.tools.html_text import html_title_and_text
+from matpo_jax.tools.http_tool import (HttpPolicy, HttpTool, Truncated, expect, parse_json,
+                                       response_text)
+from matpo_jax.tools.main_text import MainTextPool, shared_pool
 from matpo_jax.tools.results import (BAD_ARGUMENTS, BAD_RESPONSE, BLOCKED_URL, TOO_LARGE,
                                      UNSUPPORTED_CONTENT, ToolFailure, ToolResult)
 from matpo_jax.tools.transport import Response
 
 MAX_PDF_PAGES = 100
+FALLBACK_RESERVE_S = 1.0  # of a call's deadline, kept for the linear extractor (html_text.py)
 ACCEPT = "text/html,application/xhtml+xml,application/pdf,text/plain;q=0.9,*/*;q=0.5"
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/ld+json")
 
@@ -74,29 +78,19 @@ def _url_arguments(arguments):
 
 
 # ============================================================================ documents -> text
-_TAGS = re.compile(r"<script.*?</script>|<style.*?</style>|<[^>]+>", re.DOTALL | re.IGNORECASE)
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.DOTALL | re.IGNORECASE)
-
-
-def html_to_text(html: str) -> str:
-    """Every visible word (tags, scripts and styles removed): the fallback extractor."""
-    return re.sub(r"[ \t]*\n\s*", "\n", re.sub(r"[ \t]+", " ", _TAGS.sub(" ", html))).strip()
-
-
-def extract_html(html: str, url: str | None = None) -> tuple[str, str]:
-    """(title, main text) of an HTML page: trafilatura, or every visible word if it finds no
-    main text (very short pages)."""
-    import trafilatura  # heavy; only `open` on real pages needs it
-
-    document = trafilatura.bare_extraction(html, url=url, with_metadata=True,
-                                           include_comments=False, include_tables=True)
-    title = (getattr(document, "title", None) or "") if document is not None else ""
-    text = (getattr(document, "text", None) or "") if document is not None else ""
-    if not title:
-        match = _TITLE.search(html)
-        title = html_to_text(match.group(1)) if match else ""
-    if not text.strip():
-        text = html_to_text(_TITLE.sub(" ", html))
+def extract_html(html: str, url: str | None = None, deadline: float | None = None,
+                 pool: MainTextPool | None = None) -> tuple[str, str]:
+    """(title, main text) of an HTML page: trafilatura in a worker process until `deadline`
+    (time.monotonic(); None: the default HttpPolicy's deadline from now), or every visible word
+    when it finds no main text (very short pages) or is not done in time."""
+    if deadline is None:
+        deadline = time.monotonic() + HttpPolicy().deadline_s
+    # The fallback's time is kept out of trafilatura's: a page at the byte cap takes ~0.5 s.
+    title, text = (pool or shared_pool()).extract(
+        html, url, deadline - FALLBACK_RESERVE_S) or ("", "")
+    if not title or not text.strip():
+        page_title, words = html_title_and_text(html)
+        title, text = title or page_title, text if text.strip() else words
     return " ".join(title.split()), text.strip()
 
 
@@ -113,9 +107,11 @@ def extract_pdf(data: bytes) -> tuple[str, str]:
     return " ".join(title.split()), "\n\n".join(p.strip() for p in pages if p.strip())
 
 
-def page_text(response: Response, shown_id: str) -> str:
-    """The page as the model reads it: 'Title (id: "URL")\\ntext'. Raises Truncated for text cut at
-    the byte cap, ToolFailure for what cannot be read."""
+def page_text(response: Response, shown_id: str, deadline: float | None = None,
+              pool: MainTextPool | None = None) -> str:
+    """The page as the model reads it: 'Title (id: "URL")\\ntext'; HTML extracted until
+    `deadline` (see extract_html). Raises Truncated for text cut at the byte cap, ToolFailure for
+    what cannot be read."""
     content_type = response.content_type.split(";")[0].strip().lower()
     if content_type == "application/pdf" or response.body.startswith(b"%PDF-"):
         if response.capped:
@@ -123,7 +119,7 @@ def page_text(response: Response, shown_id: str) -> str:
         title, text = extract_pdf(response.body)
     elif content_type in ("text/html", "application/xhtml+xml") or (
             not content_type and response.body.lstrip()[:1] == b"<"):
-        title, text = extract_html(response_text(response), response.url)
+        title, text = extract_html(response_text(response), response.url, deadline, pool)
     elif content_type.startswith(_TEXT_TYPES) or not content_type:
         title, text = "", response_text(response)
     else:
@@ -140,10 +136,18 @@ class WebPageReader(HttpTool):
 
     name = "open"
 
+    def __init__(self, *args, pool: MainTextPool | None = None, **kwargs):
+        """pool: the worker processes extracting main text (default: the process's shared one,
+        started now so the first page does not wait for its imports)."""
+        super().__init__(*args, **kwargs)
+        self.pool = pool or shared_pool()
+        self.pool.warm()
+
     def run(self, id: str) -> str:  # noqa: A002 - the schema's argument name
+        deadline = time.monotonic() + self.policy.deadline_s  # fetching and extracting, together
         url = _checked_url(id)
         response = self.request("GET", url, headers={"Accept": ACCEPT})
-        return page_text(response, id.strip())
+        return page_text(response, id.strip(), deadline, self.pool)
 
     def cache_arguments(self, arguments):
         return _url_arguments(arguments)
@@ -234,4 +238,4 @@ def make_web_reader(backend: str, *, reader_url: str | None = None,
 
 PAGE_BACKENDS = ("service", "fetch", "reader", "serper_scrape")
 __all__ = ["WebPageReader", "ReaderService", "SerperScrape", "OpenRouter", "make_web_reader",
-           "PAGE_BACKENDS", "extract_html", "extract_pdf", "html_to_text", "is_url"]
+           "PAGE_BACKENDS", "extract_html", "extract_pdf", "is_url"]

@@ -278,6 +278,8 @@ REACH: dict[str, Reach] = {
     "reward.judge_url": Reach(judge, "http://127.0.0.1:5/v1", JUDGE),
     "reward.judge_model": Reach(judge, "other-judge", JUDGE),
     "reward.judge_api_key_env": Reach(judge, "OTHER_JUDGE_KEY", JUDGE),
+    "reward.judge_timeout_s": Reach(judge, 7.5, JUDGE),
+    "reward.judge_max_retries": Reach(judge, 0, JUDGE),
     **{f"rl.{name}": Reach(rl_optimizer) for name in (
         "lr", "weight_decay", "grad_clip", "warmup_steps", "adam_b1", "adam_b2")},
     "rl.schedule": Reach(rl_optimizer, "cosine"),
