@@ -30,6 +30,8 @@ def get_config(arg=None):
                      max_turns_planner=4, max_turns_worker=4, decode_slots=32,
                      report_max_chars=200, final_summary_max_tokens=64)
     c.tools.update(num_results=2, max_response_chars=320)
+    # rollout.async_tools stays off (the default): on, the order in which tool answers arrive
+    # decides where agents resume, and two runs of one seed would differ with the machine's load.
     # SFT that teaches copying (measured by teacher-forced copy-token accuracy on validation
     # demonstrations, see docs/embedded_default.md): lr 3e-3 (1e-2 never forms copy heads); every
     # 4th step a copy-rehearsal batch (copy_every: "span, separator, same span" rows from the

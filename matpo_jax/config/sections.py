@@ -157,7 +157,9 @@ class RolloutSection(Section):
     reuse_prefixes: bool = setting(True, "compute each role's system turn (and each question's "
                                    "prompt, shared by its G samples) once per batch")
     # For remote tools with real latency; with the local search server (~1 ms a call) waiting is
-    # cheaper than the extra re-admissions.
+    # cheaper than the extra re-admissions. On, an agent resumes at whichever host call finds its
+    # results back, so slots, evictions and re-prefills follow the tools' timing: reruns of a seed
+    # are then not bitwise identical (off, they are: tests/run/test_determinism.py).
     async_tools: bool = setting(False, "tool calls run in the background while the batch decodes "
                                 "on (their agents give up their slots)")
     report_max_chars: int = setting(1000, "worker report handed to the planner is cut here",

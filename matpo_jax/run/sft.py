@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
+from matpo_jax.tools import clients as tools_lib
 from matpo_jax.run import copy_pretraining as copy_lib
 from matpo_jax.run import pretrain as pretrain_lib
 from matpo_jax import config as config_lib
@@ -29,10 +30,27 @@ from matpo_jax.data.world_assets import question_from_record
 log = logging.getLogger(__name__)
 
 
+# Failures that say how busy the machine or the service was, not what the world holds.
+TRANSIENT_TOOL_ERRORS = frozenset({tools_lib.TIMEOUT, tools_lib.CONNECTION_ERROR,
+                                   tools_lib.PROTOCOL_ERROR, tools_lib.SERVER_ERROR})
+
+
+class TransientToolError(RuntimeError):
+    """A tool call of a demonstration failed for a reason that may not recur on a rerun."""
+
+
 def tool_text(toolbox, name: str, max_chars: int):
-    """A tool as the oracle calls it, returning the text a rollout would put in the context."""
+    """A tool as the oracle calls it, returning the text a rollout would put in the context.
+
+    An answer such as "no page with id X" is part of the world and goes into the demonstration;
+    a timeout or a dropped connection would make the SFT data depend on the machine's load, so it
+    stops the run instead (a rerun resumes)."""
     def call(**arguments) -> str:
-        return toolbox.call(name, arguments).text[:max_chars]
+        result = toolbox.call(name, arguments)
+        if not result.ok and result.error_kind in TRANSIENT_TOOL_ERRORS:
+            raise TransientToolError(f"SFT demonstrations: {name}({arguments}) failed "
+                                     f"({result.error_kind}): {result.text}")
+        return result.text[:max_chars]
     return call
 
 
