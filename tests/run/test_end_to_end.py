@@ -1,10 +1,14 @@
 """The whole job on a shrunken synthetic_tiny through the training command: world -> SFT -> eval ->
 MATPO RL -> eval -> plots, and exact resume after the process is SIGKILLed in the middle of RL
 (one straight run serves both: its outputs are checked, then a killed-and-rerun copy must end in
-its parameters)."""
+its parameters). The killed-and-rerun copy runs beside two processes that saturate the CPU, so it
+is also the determinism check (same seed, same machine, same numbers whatever the load): every
+logged number but the wall-clock fields, both evaluations and their transcripts, and the final
+parameters must be the straight run's (docs/findings.md, "Same seed, same numbers")."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -19,6 +23,43 @@ import pytest
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.config import load_config_file, read_saved_config, to_typed
+
+# Fields that measure time, not the run: every other logged number must match exactly.
+WALL_CLOCK_FIELDS = frozenset({
+    "time",  # the record's timestamp
+    "time_update_s", "sft/time_update_s",  # the train step's duration
+    "time_rollout_s", "time_batch_s",  # RL: rollouts, rewards + packing
+    "rollout/wall_time_s", "rollout/rollouts_per_s",
+})
+# The CPU hogs: plain busy loops, one per core of this 2-core machine, bounded in time.
+_BUSY_LOOP = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+
+
+def _busy_processes(count: int, seconds: float) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP.format(seconds=seconds)])
+            for _ in range(count)]
+
+
+def _records(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a)
+                      and math.isnan(b))
+
+
+def _differences(path_a: str, path_b: str) -> list[str]:
+    """Every logged number, except the wall-clock fields, that is not the same in both files."""
+    rows_a, rows_b = _records(path_a), _records(path_b)
+    out = [] if len(rows_a) == len(rows_b) else [f"{len(rows_a)} vs {len(rows_b)} rows"]
+    for a, b in zip(rows_a, rows_b):
+        for key in sorted((set(a) | set(b)) - WALL_CLOCK_FIELDS):
+            if not _same(a.get(key), b.get(key)):
+                out.append(f"step {a.get('step')} {key}: {a.get(key)!r} vs {b.get(key)!r}")
+    return out
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
@@ -149,6 +190,33 @@ def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
     _check_whole_job(straight, steps)
 
+    hogs = _busy_processes(2, seconds=600)  # the rest of the test runs on a saturated CPU
+    try:
+        _kill_mid_rl_and_rerun(resumed, overrides, env, kill_after)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    for name in ("metrics.jsonl", os.path.join("sft", "metrics.jsonl")):
+        assert not _differences(os.path.join(straight, name), os.path.join(resumed, name)), name
+    for tag in ("sft", "final"):  # evaluations, and the transcripts they decoded
+        for name in (f"{tag}.json", f"{tag}_samples.txt"):
+            with open(os.path.join(straight, "eval", name)) as a, \
+                    open(os.path.join(resumed, "eval", name)) as b:
+                assert a.read() == b.read(), name
+    step_a, params_a = _final_params(straight)
+    step_b, params_b = _final_params(resumed)
+    assert step_a == step_b == steps
+    leaves_a, leaves_b = jax.tree.leaves(params_a), jax.tree.leaves(params_b)
+    assert len(leaves_a) == len(leaves_b) > 0
+    for a, b in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert _consumed(straight) == _consumed(resumed)
+    assert _curve(resumed) == _curve(straight) and _logged_twice(resumed) == []
+    assert sorted(_consumed(straight)) == list(range(1, steps + 1))
+
+
+def _kill_mid_rl_and_rerun(resumed: str, overrides: str, env: dict, kill_after: int) -> None:
     proc = subprocess.Popen(_train_command(resumed, overrides), env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = os.path.join(resumed, "checkpoints", "rl", str(kill_after))
@@ -162,13 +230,3 @@ def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(
 
     subprocess.run(_train_command(resumed, overrides), check=True, env=env, cwd=REPO,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
-    step_a, params_a = _final_params(straight)
-    step_b, params_b = _final_params(resumed)
-    assert step_a == step_b == steps
-    leaves_a, leaves_b = jax.tree.leaves(params_a), jax.tree.leaves(params_b)
-    assert len(leaves_a) == len(leaves_b) > 0
-    for a, b in zip(leaves_a, leaves_b):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert _consumed(straight) == _consumed(resumed)
-    assert _curve(resumed) == _curve(straight) and _logged_twice(resumed) == []
-    assert sorted(_consumed(straight)) == list(range(1, steps + 1))
