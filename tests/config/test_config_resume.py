@@ -82,3 +82,32 @@ def test_run_experiment_refuses_before_writing(tmp_path):
     assert saved.read_bytes() == before and os.listdir(tmp_path) == ["config.json"]
     with pytest.raises(TypeError, match="typed config"):
         run_experiment(base_config(), str(tmp_path))
+
+
+def _edit_record(workdir, edit):
+    import json
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        record = json.load(f)
+    edit(record)
+    write_json_atomic(path, record)
+
+
+def test_a_run_older_than_a_field_resumes_at_its_default_and_not_otherwise(tmp_path, caplog):
+    """Schema drift: a run recorded before the code gained `rl.optimizer` (and with a field the
+    code has since dropped) resumes when the new field is at its default, naming both; set to
+    anything else, the new field is a change like any other."""
+    save_config(typed(), tmp_path)
+
+    def predate(record):
+        del record["rl"]["optimizer"]
+        record["rl"]["retired_knob"] = 3
+    _edit_record(tmp_path, predate)
+    with caplog.at_level("INFO"):
+        assert check_resume(typed(), tmp_path) == []
+    assert "rl.optimizer = 'adamw'" in caplog.text and "rl.retired_knob = 3" in caplog.text
+    with pytest.raises(ConfigError) as error:
+        check_resume(typed("rl.optimizer=sgd"), tmp_path)
+    assert error.value.problems[0].startswith("rl.optimizer = 'sgd', but the run in")
+    with pytest.raises(ConfigError):  # a recorded field changed still refuses, drift or not
+        check_resume(typed("rl.lr=0.5"), tmp_path)
