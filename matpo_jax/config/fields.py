@@ -39,6 +39,9 @@ POSITIVE = Interval(gt=0)
 AT_LEAST_ONE = Interval(ge=1)
 NON_NEGATIVE = Interval(ge=0)
 UNIT = Interval(ge=0, le=1)
+# numpy's generators take non-negative seeds and jax's keys 32-bit ones: a seed outside this
+# range passed validation and died after SFT in grain or numpy.
+SEED = Interval(ge=0, le=2**31 - 1)
 
 _META = "matpo_config"  # the dataclasses.field metadata key of a setting
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from matpo_jax.config.errors import ConfigError
-from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, Interval, Section,
-                                     group, setting)
+from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED, UNIT, Interval,
+                                     Section, group, setting)
 
 DTYPES = ("float32", "bfloat16")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
@@ -106,8 +106,8 @@ class DataSection(Section):
     manual_dir: str | None = setting(None, "downloaded MuSiQue/FRAMES/... files")
     batch_size: int = setting(4, "questions per RL step (each sampled group_size times)",
                               range=AT_LEAST_ONE)
-    shuffle_seed: int = setting(0, "order of the RL question stream")
-    world_seed: int = setting(0, "synthetic world: which world to generate")
+    shuffle_seed: int = setting(0, "order of the RL question stream", range=SEED)
+    world_seed: int = setting(0, "synthetic world: which world to generate", range=SEED)
     fact_style: str = setting("varied", "synthetic world: 'plain' states every fact one way "
                               "(easier)", choices=("varied", "plain"))
     noise: float = setting(0.3, "synthetic world: share of distractor sentences/near-duplicates "
@@ -349,7 +349,7 @@ class PretrainSection(Section):
 class TrainSection(Section):
     PATH = "train"
     steps: int = setting(100, "RL steps (0: SFT only)", range=NON_NEGATIVE)
-    seed: int = setting(0, "model init, sampling and data order")
+    seed: int = setting(0, "model init, sampling and data order", range=SEED)
     log_every: int = setting(1, "steps between metric records", range=AT_LEAST_ONE)
     eval_every: int = setting(25, "RL steps between evaluations (0: never)", range=NON_NEGATIVE)
     checkpoint_every: int = setting(25, "steps between checkpoints (0: only at the end)",

@@ -97,6 +97,11 @@ def test_wrong_types_name_field_and_types():
     ("rollout.top_p", 1.5, "rollout.top_p = 1.5: must be <= 1"),
     ("reward.f1_threshold", float("nan"), "reward.f1_threshold = nan: must be a number, got nan"),
     ("rl.dual_clip_c", 1.0, "rl.dual_clip_c = 1.0: must be > 1"),
+    # seeds numpy / grain / jax cannot take died after SFT (issue 23, item 6)
+    ("train.seed", -1, "train.seed = -1: must be >= 0"),
+    ("data.shuffle_seed", -1, "data.shuffle_seed = -1: must be >= 0"),
+    ("data.world_seed", -7, "data.world_seed = -7: must be >= 0"),
+    ("train.seed", 10**23, "train.seed = 100000000000000000000000: must be <= 2.14748e+09"),
 ])
 def test_out_of_range_values(path, value, message):
     cfg = base_config()
