@@ -18,7 +18,7 @@ from absl import app
 from matpo_jax import config as config_lib
 
 # The same command line as train (--config.a.b=v overrides, --allow_config_change, --verbose).
-_RUN = config_lib.define_run_flags(default_config="configs/synthetic_tiny.py",
+_RUN = config_lib.define_run_flags(default_config="configs/synthetic_demo.py",
                                    default_workdir="runs/demo")
 
 ROWS = (("accuracy", "eval/accuracy"), ("  1 hop", "eval/accuracy_hop1"),

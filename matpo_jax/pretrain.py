@@ -24,6 +24,7 @@ _OUT = flags.DEFINE_string("out", "warm_starts/synthetic_tiny", "Where the warm 
 
 @config_lib.one_line_errors
 def main(argv):
+    del argv
     # The config may already name the warm start this command (re)builds: its directory and hash
     # are not checked (the model is built from model.arch).
     cfg = config_lib.config_from_flags(_RUN.config, check_files=False)
@@ -35,7 +36,7 @@ def main(argv):
     cfg = config_lib.config_from_flags(_RUN.config, jax.device_count(), check_files=False)
     from matpo_jax.run.pretrain import run_pretrain
     summary = run_pretrain(cfg, workdir, _OUT.value,
-                           command=" ".join(["python -m matpo_jax.pretrain", *argv[1:]]))
+                           command=" ".join(["python -m matpo_jax.pretrain", *sys.argv[1:]]))
     print(json.dumps({k: summary[k] for k in ("accuracy", "sha256", "bytes", "wall_s")}, indent=1))
     print(f"warm start: {_OUT.value} (model.hf_checkpoint_sha256={summary['sha256']})")
 
