@@ -27,5 +27,5 @@ def get_config(arg=None):
     # every 4th step instead of copy spans (SFT alone erodes what the warm start can do).
     c.sft.update(steps=1000, lr=2e-3, rehearsal="reading", num_demos=1000)
     c.rl.update(lr=2e-4)
-    c.train.update(steps=40, eval_every=10, checkpoint_every=10)
+    c.train.update(steps=20, eval_every=10, checkpoint_every=10)
     return apply_overrides(c, arg)
