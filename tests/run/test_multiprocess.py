@@ -133,7 +133,9 @@ def test_two_processes_train_what_one_trains_and_survive_a_killed_peer(tmp_path,
     while not os.path.isdir(marker) and all(p.poll() is None for p in procs) \
             and time.time() < deadline:
         time.sleep(0.05)
-    assert all(p.poll() is None for p in procs), "a process ended before step 1 was saved"
+    ended = [p for p in procs if p.poll() is not None]
+    assert not ended, "a process ended before step 1 was saved: " + "\n".join(
+        p.communicate()[1][-2000:] for p in ended)
     procs[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     _, survivor_err = procs[0].communicate(timeout=FAILURE_BOUND_S + 60)
