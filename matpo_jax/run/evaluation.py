@@ -76,7 +76,9 @@ def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None, pref
     stats = rollout_stats(batch.rollouts)
     gathered = multihost.allgather_objects({"rows": rows, "stats": stats})
     # In question order, so the curve's questions are the first rows whatever finished first.
-    rows = sorted((row for part in gathered for row in part["rows"]), key=lambda r: r.index)
+    # (Rows from other processes come back as plain sequences: rebuilt as QuestionRows.)
+    rows = sorted((QuestionRow(*row) for part in gathered for row in part["rows"]),
+                  key=lambda r: r.index)
     out = question_metrics(rows, prefix)
     out.update({f"{prefix}{k}": v for k, v in
                 multihost.combine_metrics([part["stats"] for part in gathered]).items()})
