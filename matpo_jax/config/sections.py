@@ -21,6 +21,7 @@ PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
                     "webwalkerqa": ("main", "silver"), "gaia": ("validation",)}
 ROLLOUT_MODES = ("matpo", "single")
 OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
+FORMAT_CREDITS = ("always", "when_correct", "off")  # rl/rewards.py reads these
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -227,6 +228,9 @@ class RewardSection(Section):
     PATH = "reward"
     method: str = setting("exact", "how an answer is graded", choices=("exact", "f1", "judge"))
     f1_threshold: float = setting(0.8, "f1: token F1 that counts as correct", range=UNIT)
+    format_credit: str = setting("always", "when the tool-call format term counts: always "
+                                 "(MATPO), when_correct (only with a right answer), off",
+                                 choices=FORMAT_CREDITS)
     judge_url: str | None = setting(None, "OpenAI-compatible base URL, ends before /chat/...")
     judge_model: str = setting("gpt-4o-mini", "the judge's model name")
     judge_api_key_env: str = setting("OPENAI_API_KEY", "env var holding the judge's API key")

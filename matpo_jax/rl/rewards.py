@@ -6,6 +6,9 @@ the fraction of valid tool calls per role. Combination:
   single agent      r   = 0.9*acc + 0.1*fmt
   MATPO planner i   r_i = 0.9*acc_i + 0.5*(0.1*fmt_planner_i + mean_k 0.1*fmt_worker_ik)
 (the worker term is 0 when planner i called no worker).
+`reward.format_credit` chooses when the format term counts: always (MATPO's rule), only when the
+answer is right (when_correct: a group whose samples are all wrong then has equal rewards and no
+advantage, instead of one that favours fewer tool calls), or never (off).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import numpy as np
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 from matpo_jax.rl.judge import CORRECT, LLMJudge
 from matpo_jax.chat import extract_boxed  # noqa: F401  (part of this module's API)
-from matpo_jax.config.sections import RewardSection, RolloutSection
+from matpo_jax.config.sections import FORMAT_CREDITS, RewardSection, RolloutSection
 
 ACCURACY_METHODS = ("exact", "f1", "judge")
 REWARD_MODES = ("matpo", "single")
@@ -36,14 +39,13 @@ class RewardConfig:
 
     mode: str  # matpo | single (rollout.mode)
     f1_threshold: float  # reward.f1_threshold
-    method: str | None = None  # exact | f1 | judge (reward.method); required
-    # TRANSITIONAL alias of `method`: run/rl.py (being rewritten into the shared training loop by
-    # another branch) still passes accuracy=...; delete once it builds run.runtime.reward_config.
-    accuracy: dataclasses.InitVar[str | None] = None
+    method: str  # exact | f1 | judge (reward.method)
+    format_credit: str = "always"  # always | when_correct | off (reward.format_credit)
 
-    def __post_init__(self, accuracy):
-        if self.method is None:
-            object.__setattr__(self, "method", accuracy)
+    def __post_init__(self):
+        if self.format_credit not in FORMAT_CREDITS:
+            raise ValueError(f"RewardConfig.format_credit={self.format_credit!r}, expected one of "
+                             f"{FORMAT_CREDITS}")
         if self.mode not in REWARD_MODES:
             raise ValueError(f"RewardConfig.mode={self.mode!r}, expected one of {REWARD_MODES}")
         if self.method not in ACCURACY_METHODS:
@@ -54,7 +56,8 @@ class RewardConfig:
 def default_reward_config() -> RewardConfig:
     """The reward settings of the default experiment, read from the config's declarations."""
     return RewardConfig(mode=RolloutSection().mode, method=RewardSection().method,
-                        f1_threshold=RewardSection().f1_threshold)
+                        f1_threshold=RewardSection().f1_threshold,
+                        format_credit=RewardSection().format_credit)
 
 
 # ----------------------------------------------------------------------------- answer extraction
@@ -137,7 +140,10 @@ class RewardBreakdown:
     judge_failed: bool = False
 
 
-def combine_reward(acc: float, fmt_own: float, fmt_workers: Sequence[float], mode: str) -> float:
+def combine_reward(acc: float, fmt_own: float, fmt_workers: Sequence[float], mode: str,
+                   format_credit: str = "always") -> float:
+    if format_credit == "off" or (format_credit == "when_correct" and acc <= 0):
+        return ACC_WEIGHT * acc
     if mode == "single":
         return ACC_WEIGHT * acc + FMT_WEIGHT * fmt_own
     worker_term = FMT_WEIGHT * float(np.mean(fmt_workers)) if len(fmt_workers) else 0.0
@@ -185,7 +191,8 @@ def rollout_rewards(rollouts: Sequence[Rollout], golds: Sequence[Gold],
         worker_scores = [w.format_score() for w in workers_of.get(r.rollout_id, [])]
         result[r.rollout_id] = RewardBreakdown(
             rollout_id=r.rollout_id,
-            reward=combine_reward(acc, r.format_score(), worker_scores, config.mode),
+            reward=combine_reward(acc, r.format_score(), worker_scores, config.mode,
+                                  config.format_credit),
             accuracy=acc,
             format_own=r.format_score(),
             format_workers=float(np.mean(worker_scores)) if worker_scores else None,

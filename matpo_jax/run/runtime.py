@@ -172,7 +172,8 @@ def rollout_config(cfg: ExperimentConfig, *, evaluation: bool = False) -> Rollou
 
 def reward_config(cfg: ExperimentConfig) -> rewards_lib.RewardConfig:
     return rewards_lib.RewardConfig(mode=cfg.rollout.mode, method=cfg.reward.method,
-                                    f1_threshold=cfg.reward.f1_threshold)
+                                    f1_threshold=cfg.reward.f1_threshold,
+                                    format_credit=cfg.reward.format_credit)
 
 
 def judge_config(reward: RewardSection, url: str | None = None) -> JudgeConfig:

@@ -74,6 +74,30 @@ def test_matpo_reward_combination():
     assert metrics["reward/accuracy"] == pytest.approx(0.5)
 
 
+def test_format_credit_when_correct_or_off_leaves_wrong_answers_equal():
+    """when_correct: a wrong answer earns nothing for its format, so an all-wrong group has equal
+    rewards (no advantage) whatever its tool calls; a right one keeps MATPO's full reward."""
+    def group():
+        right = Rollout(0, PLANNER, 0, 0, None, assistant_texts=["\\boxed{x}"],
+                        tool_calls=[_call(True), _call(False)])
+        tidy_wrong = Rollout(1, PLANNER, 0, 1, None, assistant_texts=["\\boxed{y}"],
+                             tool_calls=[_call(True)])
+        messy_wrong = Rollout(2, PLANNER, 0, 2, None, assistant_texts=["\\boxed{z}"],
+                              tool_calls=[_call(False), _call(False)])
+        return [right, tidy_wrong, messy_wrong]
+    always = rewards.rollout_rewards(group(), ["x"], MATPO_EXACT)
+    assert always[1].reward > always[2].reward  # MATPO's rule: format alone separates them
+    config = dataclasses.replace(MATPO_EXACT, format_credit="when_correct")
+    out = rewards.rollout_rewards(group(), ["x"], config)
+    assert out[1].reward == out[2].reward == 0.0
+    assert out[0].reward == pytest.approx(always[0].reward) == pytest.approx(0.9 + 0.5 * 0.05)
+    off = rewards.rollout_rewards(group(), ["x"],
+                                  dataclasses.replace(MATPO_EXACT, format_credit="off"))
+    assert [off[i].reward for i in range(3)] == pytest.approx([0.9, 0.0, 0.0])
+    with pytest.raises(ValueError, match="format_credit"):
+        rewards.RewardConfig(mode="matpo", method="exact", f1_threshold=0.8, format_credit="no")
+
+
 def test_single_agent_reward_combination():
     agent = Rollout(0, SINGLE, 0, 0, None, assistant_texts=["\\boxed{x}"],
                     tool_calls=[_call(True), _call(True), _call(False), _call(True)])
