@@ -275,6 +275,7 @@ REACH: dict[str, Reach] = {
     "tools.cache_dir": Reach(tool_clients, os.path.join(tempfile.gettempdir(), "matpo-reach-cache")),
     "reward.method": Reach(rewards, "f1"),
     "reward.f1_threshold": Reach(rewards),
+    "reward.format_credit": Reach(rewards, "when_correct"),
     "reward.judge_url": Reach(judge, "http://127.0.0.1:5/v1", JUDGE),
     "reward.judge_model": Reach(judge, "other-judge", JUDGE),
     "reward.judge_api_key_env": Reach(judge, "OTHER_JUDGE_KEY", JUDGE),
