@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Sequence
 
+from matpo_jax.tools import redaction
 from matpo_jax.tools.addresses import AddressPolicy
 from matpo_jax.tools.transport import HttpTransport, Limits, TransportError
 
@@ -99,6 +100,7 @@ class LLMJudge:
 
     def __init__(self, config: JudgeConfig, transport: HttpTransport | None = None):
         self.config = config
+        redaction.register(config.api_key_env)  # an echoing endpoint's errors reach the logs
         self._transport = transport or HttpTransport(AddressPolicy())
         self._transport.policy.allow(self.url)  # the configured endpoint, local or not
         self._lock = threading.Lock()
@@ -136,7 +138,8 @@ class LLMJudge:
                 if err.retryable:
                     raise _Transient(err.message) from None
                 raise JudgeError(f"judge endpoint {self.url}: {err.message}") from None
-        text = response.body.decode("utf-8", errors="replace")
+        # Redacted: the errors below quote the body (an endpoint may echo the key).
+        text = redaction.redact(response.body.decode("utf-8", errors="replace"))
         if response.status == 429 or response.status >= 500:
             raise _Transient(f"HTTP {response.status}: {text[:200]}")
         if response.status != 200:  # 4xx other than 429: retrying will not help
