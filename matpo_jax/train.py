@@ -38,6 +38,10 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (--
 _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout_s", None,
                                   "Seconds without a heartbeat after which a process is declared "
                                   "dead and the others fail (jax's default: 100).")
+_INIT_TIMEOUT = flags.DEFINE_float(
+    "initialization_timeout_s", 300.0, "Seconds to wait for every process to join "
+    "(--coordinator / --multihost); then one line names the coordinator and the processes not "
+    "seen, and the process exits (3).")
 
 
 @config_lib.one_line_errors
@@ -54,7 +58,8 @@ def main(argv):
         try:
             parallel.maybe_initialize_distributed(
                 force=True, coordinator=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-                process_id=_PROCESS_ID.value, heartbeat_timeout_s=_HEARTBEAT.value)
+                process_id=_PROCESS_ID.value, heartbeat_timeout_s=_HEARTBEAT.value,
+                initialization_timeout_s=_INIT_TIMEOUT.value)
         except ValueError as error:  # a flag combination that cannot start
             raise config_lib.ConfigError(str(error)) from None
     import jax

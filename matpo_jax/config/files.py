@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 import ml_collections
@@ -29,7 +30,11 @@ def load_config_file(path: str | Path, arg: str | None = None) -> ml_collections
         spec.loader.exec_module(module)
         if not hasattr(module, "get_config"):
             raise ConfigError(f"config file {path} defines no get_config()")
-        return module.get_config(arg) if arg is not None else module.get_config()
+        cfg = module.get_config(arg) if arg is not None else module.get_config()
+    except SystemExit as error:  # a BaseException: uncaught, `train` would exit 0 having done nothing
+        raise ConfigError(_where_in_file(path, error, f"the config file called sys.exit("
+                                                      f"{error.code!r}) instead of returning a "
+                                                      f"config")) from error
     except ConfigError as error:
         if str(path) in str(error):
             raise
@@ -37,11 +42,16 @@ def load_config_file(path: str | Path, arg: str | None = None) -> ml_collections
         raise ConfigError([f"{where}: {p}" for p in error.problems]) from error
     except Exception as error:  # noqa: BLE001 - re-raised as one line naming file and line
         raise ConfigError(_where_in_file(path, error)) from error
+    # None would read as "no --config given"; anything else is not a config either.
+    if not isinstance(cfg, (ml_collections.ConfigDict, Mapping)):
+        raise ConfigError(f"config file {path}: get_config() returned {type(cfg).__name__}"
+                          f"{' (a missing return?)' if cfg is None else ''}, not a config")
+    return cfg
 
 
-def _where_in_file(path: Path, error: BaseException) -> str:
+def _where_in_file(path: Path, error: BaseException, message: str | None = None) -> str:
     """'configs/x.py:12 (c.rl.lr = "fast"): TypeError: ...' from the innermost frame in `path`."""
-    message = " ".join(f"{type(error).__name__}: {error}".split())
+    message = message or " ".join(f"{type(error).__name__}: {error}".split())
     if isinstance(error, SyntaxError) and error.lineno:
         return f"{path}:{error.lineno}: SyntaxError: {error.msg}"
     frames = [f for f in traceback.extract_tb(error.__traceback__)

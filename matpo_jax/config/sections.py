@@ -285,6 +285,16 @@ class RLSection(Section):
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
                             range=AT_LEAST_ONE)
 
+    def consistency_problems(self) -> list[str]:
+        # The packer rounds the batch's rows up to micro x mini (x data shards, checked with the
+        # mesh): past pack_rows that is rows of padding only, e.g. 10**12 rows never allocate.
+        split = self.micro_batches * self.ppo_mini_batches
+        if split > self.pack_rows:
+            return [f"rl.micro_batches = {self.micro_batches}: rl.micro_batches x "
+                    f"rl.ppo_mini_batches = {split} must be <= rl.pack_rows = {self.pack_rows} "
+                    f"(each micro-batch is a share of the packed rows)"]
+        return []
+
 
 # ------------------------------------------------------------------------------------------ sft
 @dataclasses.dataclass(frozen=True)

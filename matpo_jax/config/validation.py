@@ -86,6 +86,11 @@ def _mesh_problems(cfg: ExperimentConfig, num_devices: int) -> list[str]:
     if cfg.rl.pack_rows % batch_shards:
         return [f"rl.pack_rows = {cfg.rl.pack_rows}: must be a multiple of mesh.data*mesh.fsdp = "
                 f"{batch_shards} (rows are split over them)"]
+    split = cfg.rl.micro_batches * cfg.rl.ppo_mini_batches * batch_shards
+    if split > cfg.rl.pack_rows:  # each micro-batch needs a row on every data shard
+        return [f"rl.micro_batches = {cfg.rl.micro_batches}: rl.micro_batches x "
+                f"rl.ppo_mini_batches x mesh.data*mesh.fsdp = {split} must be <= rl.pack_rows = "
+                f"{cfg.rl.pack_rows}"]
     return []
 
 

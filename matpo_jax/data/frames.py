@@ -94,8 +94,11 @@ class Frames(published.PublishedBuilder):
         if header is None:
             raise published.row_error(path, 1, "empty file (no header row)")
         columns = Columns(header[1], path)
+        position = -1
         for position, (line, fields) in enumerate(rows):
             yield line, parse_row(fields, columns, position, path, line)
+        if position < 0:  # tfds would stop on the empty split naming no file
+            raise published.empty_file_error(path, "rows after the header")
 
 
 def prepare_dataset(config=None, *, manual_dir=None, data_dir=None) -> Frames:

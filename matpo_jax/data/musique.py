@@ -76,9 +76,14 @@ def paragraphs_of(row: dict, path, line: int) -> list[dict]:
         if not isinstance(paragraph, dict) or not isinstance(paragraph.get("paragraph_text"), str):
             raise published.row_error(path, line, f"paragraphs[{i}] needs a string "
                                                   f"'paragraph_text'")
-        out.append({"title": str(paragraph.get("title") or ""),
+        # Strict: bool("false") is True, so a string would mark the paragraph supporting.
+        supporting = paragraph.get("is_supporting", False)
+        if not isinstance(supporting, bool):
+            raise published.row_error(path, line, f"paragraphs[{i}].is_supporting must be true "
+                                                  f"or false, got {supporting!r}")
+        out.append({"title": published.text(paragraph, "title", path, line, required=False),
                     "text": paragraph["paragraph_text"],
-                    "is_supporting": bool(paragraph.get("is_supporting", False))})
+                    "is_supporting": supporting})
     return out
 
 

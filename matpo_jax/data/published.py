@@ -63,10 +63,25 @@ def find_file(directory: epath.Path, candidates: Sequence[str], dataset: str,
 
 # ------------------------------------------------------------------------------- reading rows
 
+def empty_file_error(path, what: str = "rows") -> DatasetRowError:
+    return DatasetRowError(f"{path}: empty file (no {what})")
+
+
+def _not_utf8(path, line: int, raw: bytes, error: UnicodeDecodeError, line_start: int = 0):
+    column = error.start - line_start + 1
+    return row_error(path, line, f"not UTF-8: byte 0x{raw[error.start]:02x} at column {column}")
+
+
 def read_jsonl(path: epath.Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line."""
-    with epath.Path(path).open("r", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    """(line number, object) for every non-blank line; a file without any is an error."""
+    found = False
+    # Bytes, decoded line by line: an undecodable byte is named with its line.
+    with epath.Path(path).open("rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise _not_utf8(path, line_no, raw, error) from None
             if not line.strip():
                 continue
             try:
@@ -76,16 +91,27 @@ def read_jsonl(path: epath.Path) -> Iterator[tuple[int, dict]]:
             if not isinstance(record, dict):
                 raise row_error(path, line_no, f"expected a JSON object, got "
                                                f"{type(record).__name__}")
+            found = True
             yield line_no, record
+    if not found:
+        raise empty_file_error(path, "JSON rows")
 
 
 def read_tsv(path: epath.Path) -> Iterator[tuple[int, list[str]]]:
     """(first line number of the row, fields) for every row, the header included (line 1).
-    Quoted fields may hold tabs and newlines, as pandas writes them."""
+    Quoted fields may hold tabs and newlines, as pandas writes them. An empty file is an error."""
     csv.field_size_limit(sys.maxsize)  # FRAMES' wiki_links cells are long
     # Read whole (the benchmark files are small): epath's open() takes no `newline` argument.
-    reader = csv.reader(io.StringIO(epath.Path(path).read_text(encoding="utf-8"), newline=""),
-                        delimiter="\t")
+    data = epath.Path(path).read_bytes()
+    try:
+        text_ = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line_start = data.rfind(b"\n", 0, error.start) + 1
+        raise _not_utf8(path, data.count(b"\n", 0, error.start) + 1, data, error,
+                        line_start) from None
+    if not text_.strip():
+        raise empty_file_error(path)
+    reader = csv.reader(io.StringIO(text_, newline=""), delimiter="\t")
     start = 1
     while True:
         try:

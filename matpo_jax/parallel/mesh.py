@@ -6,6 +6,7 @@ chips). The batch axis is sharded over ("data", "fsdp").
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -13,6 +14,8 @@ from typing import Mapping, Sequence
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from matpo_jax.parallel.join_watchdog import JAX_MARGIN_S, JoinWatchdog
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -97,7 +100,9 @@ def maybe_initialize_distributed(force: bool | None = None, *, coordinator: str 
     several CPU processes on one machine); without them jax auto-detects the cluster (TPU VMs,
     SLURM). CPU collectives go through gloo, so CPU processes really exchange data.
     heartbeat_timeout_s: how long the coordination service waits for a silent process before it
-    declares it dead and fails the others (jax's default: 100 s)."""
+    declares it dead and fails the others (jax's default: 100 s).
+    initialization_timeout_s: how long to wait for every process to join; past it the process
+    prints one line naming the coordinator and the processes not seen and exits (join_watchdog)."""
     explicit = coordinator is not None
     wanted = explicit or (is_multi_host_env() if force is None else force)
     if not wanted or jax.distributed.is_initialized():
@@ -113,9 +118,17 @@ def maybe_initialize_distributed(force: bool | None = None, *, coordinator: str 
     if heartbeat_timeout_s is not None:
         timeouts["heartbeat_timeout_seconds"] = int(heartbeat_timeout_s)
     if initialization_timeout_s is not None:
-        timeouts["initialization_timeout"] = int(initialization_timeout_s)
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, **timeouts)
+        if not initialization_timeout_s > 0:
+            raise ValueError(f"--initialization_timeout_s={initialization_timeout_s}: must be > 0")
+        # jax's deadline falls later: the watchdog's line, not jax's abort, ends a missing peer.
+        timeouts["initialization_timeout"] = int(initialization_timeout_s) + JAX_MARGIN_S
+        watchdog = JoinWatchdog(initialization_timeout_s, coordinator=coordinator,
+                                num_processes=num_processes, process_id=process_id)
+    else:
+        watchdog = contextlib.nullcontext()
+    with watchdog:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id, **timeouts)
     logging.info("jax.distributed initialised: process %d of %d",
                  jax.process_index(), jax.process_count())
     return True

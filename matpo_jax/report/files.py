@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,21 @@ def local_dir_for(path: str | os.PathLike, *parts: str) -> str:
     return os.path.join(cache, "matpo_jax", scheme, *[p for p in rest.split("/") if p], *parts)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can only be
+    read by setting it, which would briefly give other threads' new files another mode)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Writes `data` to `path` atomically: locally a temp file in the same directory + os.replace
     (fsync'd first); on an object store a single object upload."""
@@ -67,6 +83,13 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file 0600: give it the mode open() would (the file it replaces keeps
+        # its own), so a TensorBoard server or a teammate can read config.json, eval/, plots/.
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~current_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

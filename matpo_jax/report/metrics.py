@@ -81,7 +81,13 @@ class MetricsWriter:
                 self._tb_upload = (local, logdir)
                 logdir = Path(local)
             logdir.mkdir(parents=True, exist_ok=True)
-            self._tb = EventsWriter(str(logdir / "events"))
+            # The file name holds whole seconds: a resume within the same second would reuse
+            # (and truncate) the last session's file. A nanosecond suffix keeps names unique
+            # and in time order, the order TensorBoard reads them in.
+            self._tb = EventsWriter(str(logdir / "events"),
+                                    filename_suffix=f".{time.time_ns():020d}")
+            if resume_step is not None:
+                self._restart_events(resume_step)
 
     def _drop_after(self, step: int) -> None:
         if self.path.exists():
@@ -95,6 +101,20 @@ class MetricsWriter:
         self._file.close()
         self._drop_after(step)
         self._file = open_append(self.path)
+        if self._tb is not None:
+            self._restart_events(step)
+
+    def _restart_events(self, step: int) -> None:
+        """TensorBoard's restart marker: a SessionLog START at step + 1 makes it discard the
+        crashed run's events of the steps about to be redone (they sit in the older event file,
+        which TensorBoard reads too); without it every redone step showed twice."""
+        from tensorboardX.proto import event_pb2
+
+        self._tb.write_event(event_pb2.Event(
+            wall_time=time.time(), step=int(step) + 1,
+            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+        self._tb.flush()
+        self._upload_events()
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
         """Logs one record {step, time, **metrics}; values must be numeric scalars."""

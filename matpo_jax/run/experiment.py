@@ -27,7 +27,7 @@ from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
 from matpo_jax.report import files
 from matpo_jax.report.files import write_json_atomic
-from matpo_jax.run import eval_curve
+from matpo_jax.run import eval_curve, startup_checks
 from matpo_jax.run.run_eval import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
 from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
@@ -96,15 +96,19 @@ def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
         raise config_lib.ConfigError(
             f"data.batch_size={cfg.data.batch_size} does not divide by the {jax.process_count()} "
             "processes (each process rolls out an equal share of every batch)")
-    if jax.process_index() == 0:
-        config_lib.save_config(cfg, workdir)
     mesh = make_mesh(cfg)
+    startup_checks.check_batches_fit_host(cfg, mesh.shape["data"] * mesh.shape["fsdp"])
     # Process 0 prepares the task first: processes sharing a data_dir must not write it at once.
     if not multihost.is_primary():
         multihost.barrier("world_prepared")
     assets = prepare_task(cfg, world_data_dir(cfg.data, workdir))
     if multihost.is_primary():
         multihost.barrier("world_prepared")
+    startup_checks.check_prompts_fit(cfg, assets)  # needs the task's tokenizer and questions
+    # The run has started: from here on its record makes a rerun a resume of this config. Written
+    # after the checks above, so a run they refuse can be rerun with the fix.
+    if jax.process_index() == 0:
+        config_lib.save_config(cfg, workdir)
     with contextlib.ExitStack() as services:
         server = (services.enter_context(SearchServer(assets.corpus_path))
                   if uses_local_service(cfg, assets) else None)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from matpo_jax.chat import (MalformedToolCall, ToolCall, check_arguments, parse_tool_call,
                             tool_name, tool_parameters)
+from matpo_jax.tools import redaction
 from matpo_jax.tools.addresses import AddressPolicy
 from matpo_jax.tools.cache import ToolCache
 from matpo_jax.tools.http_tool import (HttpPolicy, HttpTool, Truncated, endpoint_url, expect,
@@ -58,6 +59,7 @@ class SerperSearch(HttpTool):
                  **kwargs):
         super().__init__(url, **kwargs)
         self.api_key_env, self.default_num = api_key_env, default_num
+        redaction.register(api_key_env)  # its value never reaches the model or a log
 
     def cache_arguments(self, arguments):
         return {"query": arguments["query"], "num": arguments.get("num") or self.default_num}

@@ -16,6 +16,7 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from matpo_jax.tools import redaction
 from matpo_jax.tools.addresses import AddressPolicy
 from matpo_jax.tools.cache import ToolCache, cache_key
 from matpo_jax.tools.results import (BAD_ARGUMENTS, BAD_RESPONSE, CLIENT_ERROR, INTERNAL_ERROR,
@@ -146,7 +147,8 @@ class HttpTool:
         if key is not None:
             cached = self.cache.get(key)
             if cached is not None:
-                result = self._finish(*cached)
+                text, truncated = cached
+                result = self._finish(redaction.redact(text), truncated)
                 self.metrics.record(self.name, result, cache_hit=True)
                 return result
         try:
@@ -163,9 +165,12 @@ class HttpTool:
             result = ToolResult(f"Error: {self.name} failed: {type(e).__name__}", False,
                                 INTERNAL_ERROR)
         if text is not None:
+            text = redaction.redact(text)  # before the cap: a key is never cut in half first
             result = self._finish(text, truncated)
             if key is not None:
                 self.cache.put(key, text, truncated)
+        else:
+            result = dataclasses.replace(result, text=redaction.redact(result.text))
         self.metrics.record(self.name, result, cache_hit=None if key is None else False)
         return result
 

@@ -17,7 +17,8 @@ clients do not retry them: a POST without a valid Content-Length (411/400; chunk
 not read), a body over MAX_REQUEST_BYTES (413), text that is not valid UTF-8 or holds lone
 surrogates (400), more than MAX_QUERIES queries in one /retrieve or a query over
 MAX_QUERY_CHARS (400), a response that would exceed MAX_RESPONSE_BYTES (400: ask for less).
-A connection idle for `idle_timeout_s` (or a body not received within it) is closed.
+A connection idle for `idle_timeout_s`, or whose request head or body is not received within it
+(however slowly its bytes trickle in), is closed.
 
     python -m matpo_jax.tools.search_server --corpus corpus.jsonl --port 8000
 """
@@ -139,6 +140,41 @@ class BadRequest(Exception):
         self.status, self.message, self.close = status, message, close
 
 
+class _HeadReader:
+    """The handler's rfile, whose readline (the request line and each header line) ends at a
+    deadline: the socket timeout alone is per read, so a client sending a header byte every few
+    seconds would hold its thread forever. Everything else goes to the buffered reader."""
+
+    def __init__(self, rfile, connection):
+        self._rfile, self._connection = rfile, connection
+        self.deadline: float | None = None
+
+    def __getattr__(self, name):
+        return getattr(self._rfile, name)
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self.deadline is None:
+            return self._rfile.readline(limit)
+        parts, size = [], 0
+        while limit < 0 or size < limit:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("request head not received in time")
+            self._connection.settimeout(remaining)
+            buffered = self._rfile.peek(1)  # at most one recv, under the remaining time
+            if not buffered:
+                break  # the client closed
+            end = buffered.find(b"\n")
+            take = len(buffered) if end < 0 else end + 1
+            if limit >= 0:
+                take = min(take, limit - size)
+            parts.append(self._rfile.read(take))  # already buffered: no wait
+            size += take
+            if parts[-1].endswith(b"\n"):
+                break
+        return b"".join(parts)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
     protocol_version = "HTTP/1.1"  # keep-alive: the clients reuse connections
@@ -147,6 +183,17 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self):
         self.timeout = self.server.idle_timeout_s  # every socket read/write; idle keep-alives end
         super().setup()
+        self.rfile = _HeadReader(self.rfile, self.connection)
+
+    def handle_one_request(self):
+        # The whole head (request line and headers) within idle_timeout_s of waiting for it; a
+        # TimeoutError there closes the connection (BaseHTTPRequestHandler).
+        self.rfile.deadline = time.monotonic() + self.server.idle_timeout_s
+        super().handle_one_request()
+
+    def _head_received(self):
+        self.rfile.deadline = None
+        self.connection.settimeout(self.server.idle_timeout_s)
 
     def do_GET(self):
         self._dispatch("GET")
@@ -161,12 +208,14 @@ class _Handler(BaseHTTPRequestHandler):
         """The HTTP layer's own errors (bad request line, unsupported method, headers too long)
         as JSON too."""
         status = HTTPStatus(code)
+        self._head_received()
         if self.request_version == "HTTP/0.9":  # unparsable request line: answer with a status
             self.request_version = "HTTP/1.1"
         self.close_connection = True
         self._send(status, {"error": message or status.phrase}, close=True)
 
     def _dispatch(self, method: str):
+        self._head_received()
         if self.server.latency_s:
             time.sleep(self.server.latency_s)
         url = urlsplit(self.path)

@@ -21,6 +21,7 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
+from matpo_jax.tools import redaction
 from matpo_jax.tools.addresses import BlockedUrl, parse
 from matpo_jax.tools.html_text import html_title_and_text
 from matpo_jax.tools.http_tool import (HttpPolicy, HttpTool, Truncated, expect, parse_json,
@@ -162,6 +163,7 @@ class ReaderService(HttpTool):
                  **kwargs):
         super().__init__(url, **kwargs)
         self.api_key_env = api_key_env
+        redaction.register(api_key_env)  # its value never reaches the model or a log
 
     def run(self, id: str) -> str:  # noqa: A002
         target = _checked_url(id)
@@ -190,6 +192,7 @@ class SerperScrape(HttpTool):
                  api_key_env: str = "SERPER_API_KEY", **kwargs):
         super().__init__(url, **kwargs)
         self.api_key_env = api_key_env
+        redaction.register(api_key_env)  # its value never reaches the model or a log
 
     def run(self, id: str) -> str:  # noqa: A002
         target = _checked_url(id)

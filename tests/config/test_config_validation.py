@@ -119,6 +119,13 @@ def test_out_of_range_values(path, value, message):
                                "pairs)"),
     ("rollout.max_new_tokens_per_turn=2048", "rollout.max_new_tokens_per_turn = 2048: must be < "
                                              "rollout.max_context = 2048"),
+    # the packer rounded the rows up to 10**12: "Unable to allocate 3.64 PiB" after SFT
+    ("rl.micro_batches=1000000000000", "rl.micro_batches = 1000000000000: rl.micro_batches x "
+     "rl.ppo_mini_batches = 1000000000000 must be <= rl.pack_rows = 8 (each micro-batch is a "
+     "share of the packed rows)"),
+    ("rl.micro_batches=4,rl.ppo_mini_batches=4", "rl.micro_batches = 4: rl.micro_batches x "
+     "rl.ppo_mini_batches = 16 must be <= rl.pack_rows = 8 (each micro-batch is a share of the "
+     "packed rows)"),
 ])
 def test_what_would_fail_later_fails_at_start(overrides, message):
     assert problems_of(apply_overrides(base_config(), overrides)) == [message]
@@ -192,6 +199,12 @@ def test_mesh_must_match_the_devices():
     cfg.rl.pack_rows = 6  # rows are split over data*fsdp = 4
     assert problems_of(cfg, num_devices=8) == ["rl.pack_rows = 6: must be a multiple of "
                                                "mesh.data*mesh.fsdp = 4 (rows are split over them)"]
+    cfg.rl.pack_rows, cfg.rl.micro_batches = 8, 2  # 2 micro-batches x 4 shards: a row each
+    validate_config(cfg, num_devices=8)
+    cfg.rl.micro_batches = 4
+    assert problems_of(cfg, num_devices=8) == [
+        "rl.micro_batches = 4: rl.micro_batches x rl.ppo_mini_batches x mesh.data*mesh.fsdp = 16 "
+        "must be <= rl.pack_rows = 8"]
 
 
 def test_cross_field_consistency():

@@ -117,3 +117,20 @@ def test_changed_config_on_resume_is_refused_before_anything_is_written(tmp_path
                               f"--workdir={workdir}"))
     assert line.startswith("--allow_config_change=rl.lr: only train.steps, ")
     assert json.loads(saved.read_text())["rl"]["lr"] == 1e-5
+
+
+def test_a_config_file_that_exits_or_returns_none_is_reported_as_such(tmp_path):
+    """Before: sys.exit(0) in get_config made `train` exit 0 having done nothing, and a None
+    was reported as '--config is required'."""
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\n\n\ndef get_config(arg=None):\n    sys.exit(0)\n")
+    line = one_fatal_line(run("train", f"--config={exits}", f"--workdir={tmp_path}/w"))
+    assert line == (f"{exits}:5 (sys.exit(0)): the config file called sys.exit(0) instead of "
+                    f"returning a config")
+    none = tmp_path / "none.py"
+    none.write_text("from matpo_jax.config import base_config\n\n\ndef get_config(arg=None):\n"
+                    "    c = base_config()\n")
+    line = one_fatal_line(run("train", f"--config={none}", f"--workdir={tmp_path}/w"))
+    assert line == (f"config file {none}: get_config() returned NoneType (a missing return?), "
+                    f"not a config")
+    assert not (tmp_path / "w").exists()

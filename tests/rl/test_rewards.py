@@ -177,8 +177,8 @@ def _judge(server, **overrides):
 
 def _grade_by_gold_in_prompt(index, body):
     prompt = body["messages"][0]["content"]
-    gold = prompt.split("Gold answer: ")[1].split("\n")[0]
-    pred = prompt.split("Predicted answer: ")[1].split("\n")[0]
+    gold = prompt.split("<gold_answer>")[1].split("</gold_answer>")[0]
+    pred = prompt.split("<predicted_answer>")[1].split("</predicted_answer>")[0]
     return 200, ("A" if gold.lower() == pred.lower() else "B"), 0.0
 
 
