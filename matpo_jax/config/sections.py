@@ -269,8 +269,10 @@ class RLSection(Section):
     loss_agg_norm: float = setting(0.0, "seq-mean-token-sum-norm divisor; 0: padded row length",
                                    range=NON_NEGATIVE)
     norm_by_std: bool = setting(True, "GRPO advantages (r - mean) / std; False: Dr.GRPO r - mean")
-    group_by: str = setting("planner", "planner: workers share their planner's advantage; role: "
-                            "workers grouped on their own (ablation)", choices=("planner", "role"))
+    group_by: str = setting("planner", "planner: workers share their planner's advantage (MATPO); "
+                            "role: workers grouped per worker rollout (AT-GRPO-style); agent: "
+                            "per-agent normalisation, each delegating planner once (Dr. MAS)",
+                            choices=("planner", "role", "agent"))
     kl_coef: float = setting(0.0, "KL penalty to the reference policy (the RL start, frozen)",
                              range=NON_NEGATIVE)
     kl_type: str = setting("low_var_kl", "KL estimator", choices=("k1", "low_var_kl"))
