@@ -282,6 +282,9 @@ class RLSection(Section):
     ppo_epochs: int = setting(1, "passes over the RL batch", range=AT_LEAST_ONE)
     micro_batches: int = setting(1, "gradient-accumulation chunks per optimizer step",
                                  range=AT_LEAST_ONE)
+    # One more forward and backward per optimizer step (docs/METHOD.md section 11).
+    role_grad_norms: bool = setting(False, "also log the gradient norm of the planner tokens' "
+                                    "and of the worker tokens' share of the loss")
     pack_rows: int = setting(8, "rows of one packed micro-batch (a fixed shape: one compile)",
                              range=AT_LEAST_ONE)
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",

@@ -79,4 +79,19 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                "packing_efficiency": batch.efficiency(), "packed_rows": rows,
                "trained_sequences": len(carrying), "sequences": len(seqs),
                "trained_tokens": int(sum(seqs[i].trainable[1:].sum() for i in carrying))}
+    metrics.update(advantage_stats(rollouts, advantages))
     return MatpoBatch(batch, advantages, metrics)
+
+
+def advantage_stats(rollouts: Sequence[Rollout], advantages: Mapping[int, float]
+                    ) -> dict[str, float]:
+    """Mean and (population) std of the rollouts' scalar advantages per role, over every rollout
+    (the ones left out of the packed batch too): `advantage_mean/worker`, `advantage_std/...`."""
+    by_role: dict[str, list[float]] = {}
+    for r in rollouts:
+        by_role.setdefault(r.role, []).append(advantages[r.rollout_id])
+    out = {}
+    for role, values in by_role.items():
+        out[f"advantage_mean/{role}"] = float(np.mean(values))
+        out[f"advantage_std/{role}"] = float(np.std(values))
+    return out

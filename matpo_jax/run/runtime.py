@@ -141,7 +141,8 @@ def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
                                     remat=cfg.train.remat,
                                     micro_batches=cfg.rl.micro_batches,
                                     ppo_mini_batches=cfg.rl.ppo_mini_batches,
-                                    ppo_epochs=cfg.rl.ppo_epochs)
+                                    ppo_epochs=cfg.rl.ppo_epochs,
+                                    role_grad_norms=cfg.rl.role_grad_norms)
 
 
 def loop_config(cfg: ExperimentConfig, phase: str, checkpoint_dir: str | None) -> loop_lib.LoopConfig:

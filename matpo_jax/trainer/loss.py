@@ -38,6 +38,9 @@ class LossConfig:
     kl_type: str = "low_var_kl"
     entropy_coef: float = 0.0
     entropy_metrics: bool = True  # costs one more pass over the vocabulary
+    # Internal (the train step's per-role gradient norms): only this role's tokens enter the
+    # weighted sum; the ratios and metrics are computed as without it. None: every token.
+    weight_role: int | None = None
 
     def __post_init__(self):
         for field, value, allowed in (("aggregation", self.aggregation, AGGREGATION_MODES),
@@ -224,7 +227,10 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
         values["entropy"] = entropy
     log_ratio = jax.lax.stop_gradient(logp - batch.old_logprobs)
     values["approx_kl"] = jnp.exp(log_ratio) - 1.0 - log_ratio  # k3 of KL(old || current)
-    loss = jnp.sum(batch.loss_weights * mask * per_token)
+    weights = batch.loss_weights
+    if config.weight_role is not None:
+        weights = weights * (batch.role_ids == config.weight_role)
+    loss = jnp.sum(weights * mask * per_token)
     metrics = _role_sums(batch.role_ids, mask, {k: jax.lax.stop_gradient(v)
                                                 for k, v in values.items()})
     return loss, metrics
