@@ -174,17 +174,43 @@ class RolloutSection(Section):
     malformed_tool_call: str = setting("error_message", "error_message: the model reads an error; "
                                        "end_rollout: the reference behaviour",
                                        choices=("error_message", "end_rollout"))
+    # Per-role sampling (docs/METHOD.md section 2.10): workers decode in the planners' batch with
+    # settings of their own. None: the planner's (the fields above).
+    worker_temperature: float | None = setting(None, "workers' sampling temperature (0: greedy; "
+                                               "None: rollout.temperature)", range=NON_NEGATIVE)
+    worker_top_p: float | None = setting(None, "workers' nucleus mass (None: rollout.top_p)",
+                                         range=Interval(gt=0, le=1))
+    worker_max_new_tokens_per_turn: int | None = setting(
+        None, "tokens of one worker turn (None: rollout.max_new_tokens_per_turn)",
+        range=AT_LEAST_ONE)
+    # Each must be one token of the tokenizer; a turn ends after sampling it, as at eos.
+    stop_words: tuple[str, ...] = setting((), "extra texts that end a planner's (or single "
+                                          "agent's) turn, besides <|im_end|> and eos")
+    worker_stop_words: tuple[str, ...] = setting((), "extra texts that end a worker's turn")
+
+    @property
+    def worker_turn_tokens(self) -> int:
+        """Tokens of one worker turn."""
+        return self.worker_max_new_tokens_per_turn or self.max_new_tokens_per_turn
+
+    @property
+    def turn_buffer(self) -> int:
+        """The sampler's turn buffer: the longer of the two roles' turns."""
+        return max(self.max_new_tokens_per_turn, self.worker_turn_tokens)
 
     @property
     def summary_tokens(self) -> int:
         """Tokens a worker's final-summary turn may sample (never past the turn buffer)."""
-        return min(self.final_summary_max_tokens, self.max_new_tokens_per_turn)
+        return min(self.final_summary_max_tokens, self.turn_buffer)
 
     def consistency_problems(self) -> list[str]:
-        if self.max_new_tokens_per_turn >= self.max_context:
-            return [f"rollout.max_new_tokens_per_turn = {self.max_new_tokens_per_turn}: must be < "
-                    f"rollout.max_context = {self.max_context}"]
-        return []
+        problems = []
+        for name in ("max_new_tokens_per_turn", "worker_max_new_tokens_per_turn"):
+            value = getattr(self, name)
+            if value is not None and value >= self.max_context:
+                problems.append(f"rollout.{name} = {value}: must be < rollout.max_context = "
+                                f"{self.max_context}")
+        return problems
 
 
 # ------------------------------------------------------------------------------------------ tools

@@ -144,7 +144,9 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, segment_ids: jax.Array,
     `logprobs.next_token_logprobs`, the same numbers computed blockwise from hidden states.
     """
     logits = logits.astype(jnp.float32)
-    if temperature != 1.0:
+    if not isinstance(temperature, (int, float)):  # one per position ([B, T]: role_temperatures)
+        logits = logits / temperature[..., None]
+    elif temperature != 1.0:
         logits = logits / temperature
     prev_logits = logits[:, :-1]
     log_norm = jax.nn.logsumexp(prev_logits, axis=-1)
@@ -245,6 +247,15 @@ def sft_objective(logp, batch):
     return loss, metrics
 
 
+def role_temperatures(role_ids, temperature: float, worker_temperature: float | None):
+    """The log-prob temperature of every position: `temperature`, or with a worker temperature of
+    its own, [B, T] with `worker_temperature` on worker rows (a position predicts the next token
+    of its own sequence, whose role it shares; the predictions across segments are masked)."""
+    if worker_temperature is None or worker_temperature == temperature:
+        return temperature
+    return jnp.where(role_ids == 1, jnp.float32(worker_temperature), jnp.float32(temperature))
+
+
 def policy_loss(logits, batch, config: LossConfig, temperature: float = 1.0):
     """RL objective of one (micro-)batch from dense logits [B, T, V], log-probs taken at the
     rollout's sampling `temperature`: (weighted loss sum, per-role metric sums)."""
@@ -260,7 +271,8 @@ def sft_loss(logits, batch, config: LossConfig | None = None):
 
 
 def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
-                    temperature: float = 1.0, remat: str = "none", scan_layers: bool = False,
+                    temperature: float = 1.0, worker_temperature: float | None = None,
+                    remat: str = "none", scan_layers: bool = False,
                     seq_block: int = logprobs_lib.SEQ_BLOCK,
                     vocab_block: int = logprobs_lib.VOCAB_BLOCK):
     """The objective straight from the model, as the train step differentiates it: decoder
@@ -270,7 +282,8 @@ def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
     rl = objective == "rl"
     logp, entropy, _ = logprobs_lib.score_tokens(
         model, batch.tokens, batch.positions, batch.segment_ids,
-        temperature=temperature if rl else 1.0, with_entropy=rl and needs_entropy(config),
+        temperature=role_temperatures(batch.role_ids, temperature, worker_temperature) if rl
+        else 1.0, with_entropy=rl and needs_entropy(config),
         entropy_gradient=rl and config.entropy_coef > 0, remat=remat, scan_layers=scan_layers,
         seq_block=seq_block, vocab_block=vocab_block)
     return policy_objective(logp, entropy, batch, config) if rl else sft_objective(logp, batch)

@@ -74,6 +74,8 @@ class TrainStepConfig:
     # RL log-probs are taken at the rollouts' sampling temperature (softmax(logits / T)), the
     # distribution the sampler recorded old log-probs under; 1 for greedy rollouts.
     temperature: float = 1.0
+    # Workers' log-prob temperature when they sample at one of their own (None: `temperature`).
+    worker_temperature: float | None = None
     remat: str = "none"  # per-decoder-layer rematerialisation (model.remat.REMAT_POLICIES)
     scan_layers: bool = False  # decoder layers as one lax.scan (compile time; same numbers)
     logprob_seq_block: int = logprobs_lib.SEQ_BLOCK  # blockwise log-softmax tiles
@@ -91,6 +93,9 @@ class TrainStepConfig:
                              f"{tuple(REMAT_POLICIES)}")
         if not self.temperature > 0:
             raise ValueError(f"TrainStepConfig.temperature must be > 0, got {self.temperature}")
+        if self.worker_temperature is not None and not self.worker_temperature > 0:
+            raise ValueError(f"TrainStepConfig.worker_temperature must be > 0, got "
+                             f"{self.worker_temperature}")
         for name in ("micro_batches", "ppo_mini_batches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainStepConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -229,7 +234,8 @@ def _accumulated_gradients(graphdef, config: TrainStepConfig, shardings: TrainSt
         model = nnx.merge(graphdef, params, frozen)
         loss, sums = loss_lib.model_objective(
             model, batch, config.loss, objective=config.objective,
-            temperature=config.temperature, remat=config.remat, scan_layers=config.scan_layers,
+            temperature=config.temperature, worker_temperature=config.worker_temperature,
+            remat=config.remat, scan_layers=config.scan_layers,
             seq_block=config.logprob_seq_block, vocab_block=config.logprob_vocab_block)
         # Each mini-batch is one slice of the whole-batch objective; scale it back to full size.
         return loss * mini, (loss, sums)
@@ -286,8 +292,10 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
 
         def one(micro_batch):
             logits = model(micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids)
+            temperature = loss_lib.role_temperatures(micro_batch.role_ids, config.temperature,
+                                                     config.worker_temperature)
             return loss_lib.token_logprobs(logits, micro_batch.tokens, micro_batch.segment_ids,
-                                           temperature=config.temperature)[0]
+                                           temperature=temperature)[0]
 
         per_micro = jax.lax.map(one, split)  # [micro, rows_per_micro, T]
         # Undo _split_rows: row j * micro + k is row j of micro-batch k.

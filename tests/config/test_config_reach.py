@@ -259,6 +259,10 @@ REACH: dict[str, Reach] = {
         "sft_fraction", "name_words")},
     **{f"rollout.{f.name}": Reach(rollout_engine) for f in dataclasses.fields(RolloutSection)},
     "rollout.max_context": Reach(rollout_engine, 1024),
+    "rollout.worker_max_new_tokens_per_turn": Reach(rollout_engine, 64),
+    "rollout.stop_words": Reach(rollout_engine, ("DONE",)),
+    "rollout.worker_stop_words": Reach(rollout_engine, ("DONE",)),
+    "rollout.worker_temperature": Reach(rl_step, 0.5),  # and the rollout engine
     "tools.search_backend": Reach(tool_clients, "retrieval", REMOTE),
     "tools.search_url": Reach(tool_clients, "http://127.0.0.1:3"),
     "tools.page_url": Reach(tool_clients, "http://127.0.0.1:4"),
