@@ -273,7 +273,8 @@ class _Engine:
         cfg = self.cfg
         parent = planner.record
         record = Rollout(rollout_id=len(self.agents), role=WORKER, query_index=parent.query_index,
-                         sample_index=parent.sample_index, parent_id=parent.rollout_id)
+                         sample_index=parent.sample_index, parent_id=parent.rollout_id,
+                         spawn_turn=parent.num_turns - 1)
         parent.child_ids.append(record.rollout_id)
         planner.response_of_worker[record.rollout_id] = response_index
         budget = cfg.max_context

@@ -22,6 +22,7 @@ PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
 ROLLOUT_MODES = ("matpo", "single")
 OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
 FORMAT_CREDITS = ("always", "when_correct", "off")  # rl/rewards.py reads these
+RATIOS = ("token", "setwise")  # trainer/loss.py's; a test keeps them equal
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -289,6 +290,8 @@ class RLSection(Section):
                                  range=Interval(gt=1))  # c <= 1 would clip below the ordinary clip
     loss_agg: str = setting("token-mean", "how token losses are averaged",
                             choices=LOSS_AGGREGATIONS)
+    ratio: str = setting("token", "token: one ratio and clip per token (PPO); setwise (SRPO): "
+                         "one per planner turn with the workers it spawned", choices=RATIOS)
     seq_mean_denominator: str = setting("sequences", "seq-mean modes: divide by sequences, or by "
                                         "planners (the reference release)",
                                         choices=("sequences", "planners"))
@@ -315,6 +318,13 @@ class RLSection(Section):
                              range=AT_LEAST_ONE)
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
                             range=AT_LEAST_ONE)
+
+    def consistency_problems(self) -> list[str]:
+        if self.ratio == "setwise" and self.group_by != "planner":
+            return [f"rl.ratio = 'setwise' gives each set (a planner turn and its workers) one "
+                    f"advantage, but rl.group_by = {self.group_by!r} gives workers their own: "
+                    f"set rl.group_by = 'planner'"]
+        return []
 
 
 # ------------------------------------------------------------------------------------------ sft

@@ -104,7 +104,7 @@ def loss_config(rl: RLSection) -> loss_lib.LossConfig:
         aggregation=rl.loss_agg, seq_denominator=rl.seq_mean_denominator,
         norm_constant=rl.loss_agg_norm or None, eps_low=rl.eps_low, eps_high=rl.eps_high,
         dual_clip=rl.dual_clip_c, kl_coef=rl.kl_coef, kl_type=rl.kl_type,
-        entropy_coef=rl.entropy_coef)
+        entropy_coef=rl.entropy_coef, ratio=rl.ratio)
 
 
 # rl.schedule -> the optimizer's schedule (each with rl.warmup_steps of linear warmup first).

@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from matpo_jax.trainer import logprobs as logprobs_lib
+from matpo_jax.trainer import setwise
 
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 SEQ_DENOMINATORS = ("sequences", "planners")
+RATIOS = ("token", "setwise")  # docs/METHOD.md sections 5 and 5.1
 KL_TYPES = ("k1", "low_var_kl")
 ROLE_NAMES = ("planner", "worker")  # index = role id (trajectory.ROLE_IDS)
 LOG_RATIO_LIMIT = 20.0  # clip log(rho) before exp so a stale token cannot overflow
@@ -38,6 +40,12 @@ class LossConfig:
     kl_type: str = "low_var_kl"
     entropy_coef: float = 0.0
     entropy_metrics: bool = True  # costs one more pass over the vocabulary
+    # token: one ratio per token (PPO); setwise (SRPO): one ratio per set of a planner turn and
+    # the workers it spawned, exp(sum of its tokens' log-ratios / sqrt(K)) (trainer/setwise.py).
+    ratio: str = "token"
+    # Internal, setwise: rows are dealt to micro-batches by row % set_row_stride (the train
+    # step's mini x micro batches), so a set's rows lie set_row_stride apart per micro-batch row.
+    set_row_stride: int = 1
     # Internal (the train step's per-role gradient norms): only this role's tokens enter the
     # weighted sum; the ratios and metrics are computed as without it. None: every token.
     weight_role: int | None = None
@@ -45,7 +53,8 @@ class LossConfig:
     def __post_init__(self):
         for field, value, allowed in (("aggregation", self.aggregation, AGGREGATION_MODES),
                                       ("seq_denominator", self.seq_denominator, SEQ_DENOMINATORS),
-                                      ("kl_type", self.kl_type, KL_TYPES)):
+                                      ("kl_type", self.kl_type, KL_TYPES),
+                                      ("ratio", self.ratio, RATIOS)):
             if value not in allowed:
                 raise ValueError(f"LossConfig.{field}={value!r}, expected one of {allowed}")
 
@@ -212,8 +221,15 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
     if config.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
     mask = batch.loss_mask.astype(jnp.float32)
-    pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
-                                       config.eps_low, config.eps_high, config.dual_clip)
+    if config.ratio == "setwise":
+        # One ratio per set, the same on each member token: rho = exp(set log-ratio).
+        set_log_ratio = setwise.set_log_ratios(logp - batch.old_logprobs, mask, batch,
+                                               config.set_row_stride)
+        pg, is_clipped = clipped_surrogate(set_log_ratio, 0.0, batch.advantages,
+                                           config.eps_low, config.eps_high, config.dual_clip)
+    else:
+        pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
+                                           config.eps_low, config.eps_high, config.dual_clip)
     per_token = pg
     values = {"pg_loss": pg, "clip_frac": is_clipped.astype(jnp.float32),
               "advantage": batch.advantages}

@@ -229,11 +229,14 @@ def tree_all_finite(tree) -> jax.Array:
 def _accumulated_gradients(graphdef, config: TrainStepConfig, shardings: TrainState) -> Callable:
     """(params, frozen, mini_batch [micro, rows, T]) -> (summed grads, loss, metric sums)."""
     mini = config.ppo_mini_batches
+    # Setwise sets: micro-batch rows are mini x micro global rows apart (_split_rows).
+    loss_config = dataclasses.replace(config.loss,
+                                      set_row_stride=mini * config.micro_batches)
 
     def micro_loss(params, frozen, batch):
         model = nnx.merge(graphdef, params, frozen)
         loss, sums = loss_lib.model_objective(
-            model, batch, config.loss, objective=config.objective,
+            model, batch, loss_config, objective=config.objective,
             temperature=config.temperature, worker_temperature=config.worker_temperature,
             remat=config.remat, scan_layers=config.scan_layers,
             seq_block=config.logprob_seq_block, vocab_block=config.logprob_vocab_block)

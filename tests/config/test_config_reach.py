@@ -173,7 +173,7 @@ def rl_batches(cfg):
             mock.patch.object(rl_phase.rewards_lib, "reward_metrics", lambda b: {}), \
             mock.patch.object(rl_phase.batch_lib, "matpo_batch",
                               lambda *a, **kw: calls.append(kw) or types.SimpleNamespace(
-                                  batch=None, metrics={})):
+                                  batch=None, metrics={}, advantages={})):
         rl_phase.rl_batch(rt, [], [], [], "loss-config", 1)
     return calls
 
@@ -292,7 +292,7 @@ REACH: dict[str, Reach] = {
     **{f"rl.{name}": Reach(rl_step) for name in (
         "eps_low", "eps_high", "dual_clip_c", "loss_agg", "seq_mean_denominator",
         "loss_agg_norm", "kl_type", "entropy_coef", "ppo_mini_batches", "ppo_epochs",
-        "micro_batches", "role_grad_norms")},
+        "micro_batches", "role_grad_norms", "ratio")},
     "rl.kl_coef": Reach(rl_step),
     "rl.norm_by_std": Reach(rl_batches),
     "rl.group_by": Reach(rl_batches),
