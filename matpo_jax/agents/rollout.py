@@ -23,7 +23,10 @@ responses, reports, instructions) is appended as non-trainable. Text is decoded 
 calls and reports, never re-encoded into a trajectory.
 
 Context budget: a turn is only started when the context, the block injected before it and a full
-turn (`max_new_tokens_per_turn`) fit in `max_context`; a worker also keeps room for its summary.
+turn (`max_new_tokens_per_turn`, a worker's `worker_max_new_tokens_per_turn`) fit in
+`max_context`; a worker also keeps room for its summary. Workers may sample with settings of
+their own (`worker_temperature`, `worker_top_p`, `worker_stop_words`): their slots then use the
+sampler's profile 1, in the same decode batch as the planners (`sampling_profiles`).
 So the cache never overflows mid-turn, and hitting the budget is a recorded `max_context` finish.
 """
 from __future__ import annotations
@@ -63,9 +66,43 @@ _WORKER_TOOLS = (tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA)
 
 
 def sampling(cfg: RolloutSection) -> sampler.Sampling:
-    """The sampler's settings of a rollout section."""
+    """The sampler's settings of a rollout section (the planner's, or the single agent's)."""
     return sampler.Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_turn_tokens=cfg.max_new_tokens_per_turn)
+
+
+def worker_sampling(cfg: RolloutSection) -> sampler.Sampling:
+    """The workers' sampler settings: the planner's, less what the worker_* fields override."""
+    return sampler.Sampling(
+        temperature=cfg.temperature if cfg.worker_temperature is None else cfg.worker_temperature,
+        top_p=cfg.top_p if cfg.worker_top_p is None else cfg.worker_top_p, top_k=cfg.top_k,
+        max_turn_tokens=cfg.worker_turn_tokens)
+
+
+def stop_word_ids(chat, words, field: str) -> dict[int, int]:
+    """Stop ids of configured stop words; each must be exactly one token (the sampler stops on
+    token ids)."""
+    table = {}
+    for word in words:
+        ids = chat.encode(word)
+        if len(ids) != 1:
+            raise ValueError(f"{field}: {word!r} is {len(ids)} tokens {ids}; a stop word must be "
+                             "exactly one token of the tokenizer")
+        table[int(ids[0])] = sampler.STOP_EOS
+    return table
+
+
+def sampling_profiles(cfg: RolloutSection, chat):
+    """(planner sampling, planner stop ids, more_profiles for run_slots). Workers get profile 1
+    only when their settings differ from the planner's, so the default decodes as before."""
+    planner_stops = {**stop_word_ids(chat, cfg.stop_words, "rollout.stop_words"),
+                     **_stop_ids(chat)}
+    worker_stops = {**stop_word_ids(chat, cfg.worker_stop_words, "rollout.worker_stop_words"),
+                    **_stop_ids(chat)}
+    planner, worker = sampling(cfg), worker_sampling(cfg)
+    same = (worker.replace(max_turn_tokens=planner.max_turn_tokens) == planner
+            and worker_stops == planner_stops)
+    return planner, planner_stops, (() if same else ((worker, worker_stops),))
 
 
 @dataclasses.dataclass
@@ -99,14 +136,16 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     start = time.perf_counter()
     tool_counts = _tool_counts(toolbox)
     pool = concurrent.futures.ThreadPoolExecutor(options.tool_threads)
-    engine = _Engine(chat, toolbox, cfg, options, pool)
+    planner_sampling, planner_stops, more_profiles = sampling_profiles(cfg, chat)
+    engine = _Engine(chat, toolbox, cfg, options, pool, worker_profile=1 if more_profiles else 0)
     try:
         engine.start(questions, question_offset)
         loop = sampler.run_slots(
             model_state, graphdef, engine.scheduler, slots=cfg.decode_slots,
-            max_len=cfg.max_context, max_turn=cfg.max_new_tokens_per_turn, sampling=sampling(cfg),
-            stop_ids=_stop_ids(chat), rng=rng, buckets=options.injection_buckets,
-            lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes)
+            max_len=cfg.max_context, max_turn=cfg.turn_buffer, sampling=planner_sampling,
+            stop_ids=planner_stops, rng=rng, buckets=options.injection_buckets,
+            lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes,
+            more_profiles=more_profiles)
     finally:  # calls the engine stopped waiting for are not waited for here either
         pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
     engine.check_all_finished()
@@ -188,9 +227,11 @@ class _ToolJobs:
 
 
 class _Engine:
-    def __init__(self, chat, toolbox, cfg: RolloutSection, options: EngineOptions, pool):
+    def __init__(self, chat, toolbox, cfg: RolloutSection, options: EngineOptions, pool,
+                 worker_profile: int = 0):
         self.chat, self.toolbox, self.cfg, self.options = chat, toolbox, cfg, options
         self.pool = pool
+        self.worker_profile = worker_profile  # the sampler profile worker slots decode with
         self.agents: dict[int, _Agent] = {}
         self.scheduler = SlotScheduler(cfg.decode_slots, cfg.max_context, self.on_turns,
                                        mix_roles=options.mix_roles, group_order=(PLANNER, WORKER),
@@ -232,7 +273,8 @@ class _Engine:
         cfg = self.cfg
         parent = planner.record
         record = Rollout(rollout_id=len(self.agents), role=WORKER, query_index=parent.query_index,
-                         sample_index=parent.sample_index, parent_id=parent.rollout_id)
+                         sample_index=parent.sample_index, parent_id=parent.rollout_id,
+                         spawn_turn=parent.num_turns - 1)
         parent.child_ids.append(record.rollout_id)
         planner.response_of_worker[record.rollout_id] = response_index
         budget = cfg.max_context
@@ -255,7 +297,9 @@ class _Engine:
                       trainable=False)
         if self._fits(agent, 0):
             self.scheduler.admit(record.rollout_id, record.tokens, group=record.role,
-                                 priority=_priority(record.role), stream=agent.stream)
+                                 priority=_priority(record.role), stream=agent.stream,
+                                 turn_cap=self._turn_cap(record.role),
+                                 profile=self._profile(record.role))
         else:
             self._finish(agent, MAX_CONTEXT)
 
@@ -426,11 +470,24 @@ class _Engine:
         return self._continue(agent, self.chat.tool_response_ids(agent.responses))
 
     # ----------------------------------------------------------------------- turn transitions
+    def _turn_tokens(self, role: str) -> int:
+        """Tokens one turn of the role may sample (rollout.worker_max_new_tokens_per_turn)."""
+        return (self.cfg.worker_turn_tokens if role == WORKER
+                else self.cfg.max_new_tokens_per_turn)
+
+    def _turn_cap(self, role: str) -> int:
+        """The role's turn cap for the sampler (0: the whole turn buffer)."""
+        tokens = self._turn_tokens(role)
+        return 0 if tokens == self.cfg.turn_buffer else tokens
+
+    def _profile(self, role: str) -> int:
+        return self.worker_profile if role == WORKER else 0
+
     def _fits(self, agent: _Agent, inject_len: int) -> bool:
         if agent.in_summary:
             return len(agent.record.tokens) + inject_len + self.cfg.summary_tokens <= (
                 self.cfg.max_context)
-        return (len(agent.record.tokens) + inject_len + self.cfg.max_new_tokens_per_turn
+        return (len(agent.record.tokens) + inject_len + self._turn_tokens(agent.record.role)
                 <= agent.budget)
 
     def _continue(self, agent: _Agent, ids: list[int]) -> Decision:
@@ -438,7 +495,7 @@ class _Engine:
         if not self._fits(agent, len(ids)):
             return self._stop(agent, MAX_CONTEXT)
         agent.record.append(ids, trainable=False)
-        return Continue(ids)
+        return Continue(ids, turn_cap=self._turn_cap(agent.record.role))
 
     def _stop(self, agent: _Agent, reason: str) -> Decision:
         """The agent's tool loop is over. A worker then writes its final summary."""
@@ -484,8 +541,9 @@ class _Engine:
         """Queues a parked agent, its context complete, to decode on (before new sequences)."""
         record = agent.record
         self.scheduler.admit(record.rollout_id, record.tokens, group=record.role,
-                             priority=_priority(record.role, resumed=True), turn_cap=turn_cap,
-                             stream=agent.stream)
+                             priority=_priority(record.role, resumed=True),
+                             turn_cap=turn_cap or self._turn_cap(record.role),
+                             stream=agent.stream, profile=self._profile(record.role))
 
     def check_all_finished(self) -> None:
         stuck = [a.record.rollout_id for a in self.agents.values() if not a.finished]
@@ -512,4 +570,5 @@ def _split_tool_calls(text: str) -> list[str]:
     return [TOOL_CALL_OPEN + part for part in parts]
 
 
-__all__ = ["EngineOptions", "RolloutBatch", "run_rollouts", "sampling", "FINISH_REASONS"]
+__all__ = ["EngineOptions", "RolloutBatch", "run_rollouts", "sampling", "worker_sampling",
+           "sampling_profiles", "FINISH_REASONS"]

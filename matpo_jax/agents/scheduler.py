@@ -90,6 +90,7 @@ class _Waiting:
     group: Hashable = dataclasses.field(compare=False)
     turn_cap: int = dataclasses.field(default=0, compare=False)
     stream: int = dataclasses.field(default=-1, compare=False)
+    profile: int = dataclasses.field(default=-1, compare=False)
 
 
 @dataclasses.dataclass
@@ -128,17 +129,20 @@ class SlotScheduler:
 
     # -- queue -------------------------------------------------------------------------------
     def admit(self, seq_id: int, context: Sequence[int], group: Hashable = None,
-              priority: int = 0, turn_cap: int = 0, stream: int = -1) -> None:
+              priority: int = 0, turn_cap: int = 0, stream: int = -1, profile: int = -1) -> None:
         """Queues a sequence to decode on from `context` (its whole token list), for a turn of
         at most `turn_cap` tokens (0: the loop's per-turn cap). stream: the sequence's sampling
-        stream (SlotInjection.stream), given to whichever slot it lands in; -1: the slot's own."""
+        stream (SlotInjection.stream), given to whichever slot it lands in; -1: the slot's own.
+        profile: its sampling profile (SlotInjection.profile), set on the slot it lands in; -1:
+        profile 0 (a slot keeps its profile while its sequence resumes in place)."""
         if len(context) > self.injection_len:
             raise ValueError(f"sequence {seq_id}: context of {len(context)} tokens exceeds the "
                              f"injection buffer ({self.injection_len})")
         if group not in self.group_order:
             self.group_order.append(group)
         heapq.heappush(self._waiting, _Waiting(priority, next(self._arrivals), seq_id,
-                                               list(context), group, turn_cap, stream))
+                                               list(context), group, turn_cap, stream,
+                                               profile))
 
     def register_prefix(self, tokens: Sequence[int]) -> None:
         """Declares a token prefix that admitted contexts may start with (before the loop runs)."""
@@ -167,6 +171,7 @@ class SlotScheduler:
         prefix = np.full(self.num_slots, -1, np.int32)
         turn_cap = np.zeros(self.num_slots, np.int32)
         stream = np.full(self.num_slots, -1, np.int32)
+        profile = np.full(self.num_slots, -1, np.int32)
         turns = self._collect_turns(events)
         # Called on every host call, even with no turns: an owner with work in flight (tool
         # calls) queues what has come back.
@@ -186,11 +191,12 @@ class SlotScheduler:
         placed = self._place_waiting()
         while not self.num_active and self.on_idle is not None and self.on_idle():
             placed += self._place_waiting()
-        for index, tokens, fresh, cap, seq_stream in placed:
+        for index, tokens, fresh, cap, seq_stream, seq_profile in placed:
             reset[index] = fresh
             turn_cap[index] = cap
             if fresh:
                 stream[index] = seq_stream
+                profile[index] = max(seq_profile, 0)
                 prefix[index], skipped = self._prefix_of(tokens)
                 tokens = tokens[skipped:]
                 self.stats.prefills += 1
@@ -201,7 +207,7 @@ class SlotScheduler:
                 self.stats.resumed_in_place += 1
                 self.stats.injected_tokens += len(tokens)
             writes[index] = tokens
-        return self._injection(writes, reset, prefix, turn_cap, stream)
+        return self._injection(writes, reset, prefix, turn_cap, stream, profile)
 
     def _prefix_of(self, context: list[int]) -> tuple[int, int]:
         """(index of the longest registered prefix the context starts with, its length), or
@@ -226,10 +232,11 @@ class SlotScheduler:
                 cache_len=int(events.cache_len[index]))))
         return turns
 
-    def _place_waiting(self) -> list[tuple[int, list[int], bool, int]]:
+    def _place_waiting(self) -> list[tuple[int, list[int], bool, int, int, int]]:
         """Gives waiting sequences somewhere to decode: in place if still parked in a slot, else
         a free slot, else the slot of the longest-parked sequence that is not itself waiting.
-        Returns (slot, tokens to write, whether the slot is reset first, turn cap, stream)."""
+        Returns (slot, tokens to write, whether the slot is reset first, turn cap, stream,
+        profile)."""
         if not self.mix_roles:
             self._advance_phase()
         parked_in = {s.seq_id: i for i, s in enumerate(self.slots) if s.parked}
@@ -244,14 +251,15 @@ class SlotScheduler:
                 slot = self.slots[index]
                 slot.parked = False
                 placed.append((index, entry.context[slot.cached:], False, entry.turn_cap,
-                               entry.stream))
+                               entry.stream, entry.profile))
                 continue
             index = self._free_slot(waiting={e.seq_id for e in self._waiting})
             if index is None:
                 deferred.append(entry)
                 break
             self.slots[index] = _Slot(seq_id=entry.seq_id)
-            placed.append((index, entry.context, True, entry.turn_cap, entry.stream))
+            placed.append((index, entry.context, True, entry.turn_cap, entry.stream,
+                           entry.profile))
         for entry in deferred:
             heapq.heappush(self._waiting, entry)
         return placed
@@ -284,7 +292,7 @@ class SlotScheduler:
                 return
 
     def _injection(self, writes: dict[int, list[int]], reset: np.ndarray, prefix: np.ndarray,
-                   turn_cap: np.ndarray, stream: np.ndarray):
+                   turn_cap: np.ndarray, stream: np.ndarray, profile: np.ndarray):
         self.stats.injection_lengths.append([len(writes[i]) for i in sorted(writes) if writes[i]])
         width = max([1] + [len(ids) for ids in writes.values()])
         tokens = np.zeros((self.num_slots, width), np.int32)
@@ -300,4 +308,4 @@ class SlotScheduler:
             raise RuntimeError(f"{len(self._waiting)} sequences wait but none can be placed")
         return sampler.SlotInjection(tokens=tokens, num=num, reset=reset, active=active,
                                       done=bool(not active.any()), prefix=prefix,
-                                      turn_cap=turn_cap, stream=stream)
+                                      turn_cap=turn_cap, stream=stream, profile=profile)

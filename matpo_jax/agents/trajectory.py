@@ -46,6 +46,8 @@ class Rollout:
     finish_reason: str = ""  # answer | max_turns | max_context | max_new_tokens | ...
     child_ids: list[int] = dataclasses.field(default_factory=list)  # workers spawned (planner)
     report: str | None = None  # worker: the cleaned report handed to the planner
+    # worker: the 0-based planner turn whose subagent call spawned it (the setwise ratio's set)
+    spawn_turn: int | None = None
 
     def append(self, ids, *, trainable: bool, logprobs=None) -> None:
         ids = [int(t) for t in ids]

@@ -22,6 +22,7 @@ PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
 ROLLOUT_MODES = ("matpo", "single")
 OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
 FORMAT_CREDITS = ("always", "when_correct", "off")  # rl/rewards.py reads these
+RATIOS = ("token", "setwise")  # trainer/loss.py's; a test keeps them equal
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -174,17 +175,43 @@ class RolloutSection(Section):
     malformed_tool_call: str = setting("error_message", "error_message: the model reads an error; "
                                        "end_rollout: the reference behaviour",
                                        choices=("error_message", "end_rollout"))
+    # Per-role sampling (docs/METHOD.md section 2.10): workers decode in the planners' batch with
+    # settings of their own. None: the planner's (the fields above).
+    worker_temperature: float | None = setting(None, "workers' sampling temperature (0: greedy; "
+                                               "None: rollout.temperature)", range=NON_NEGATIVE)
+    worker_top_p: float | None = setting(None, "workers' nucleus mass (None: rollout.top_p)",
+                                         range=Interval(gt=0, le=1))
+    worker_max_new_tokens_per_turn: int | None = setting(
+        None, "tokens of one worker turn (None: rollout.max_new_tokens_per_turn)",
+        range=AT_LEAST_ONE)
+    # Each must be one token of the tokenizer; a turn ends after sampling it, as at eos.
+    stop_words: tuple[str, ...] = setting((), "extra texts that end a planner's (or single "
+                                          "agent's) turn, besides <|im_end|> and eos")
+    worker_stop_words: tuple[str, ...] = setting((), "extra texts that end a worker's turn")
+
+    @property
+    def worker_turn_tokens(self) -> int:
+        """Tokens of one worker turn."""
+        return self.worker_max_new_tokens_per_turn or self.max_new_tokens_per_turn
+
+    @property
+    def turn_buffer(self) -> int:
+        """The sampler's turn buffer: the longer of the two roles' turns."""
+        return max(self.max_new_tokens_per_turn, self.worker_turn_tokens)
 
     @property
     def summary_tokens(self) -> int:
         """Tokens a worker's final-summary turn may sample (never past the turn buffer)."""
-        return min(self.final_summary_max_tokens, self.max_new_tokens_per_turn)
+        return min(self.final_summary_max_tokens, self.turn_buffer)
 
     def consistency_problems(self) -> list[str]:
-        if self.max_new_tokens_per_turn >= self.max_context:
-            return [f"rollout.max_new_tokens_per_turn = {self.max_new_tokens_per_turn}: must be < "
-                    f"rollout.max_context = {self.max_context}"]
-        return []
+        problems = []
+        for name in ("max_new_tokens_per_turn", "worker_max_new_tokens_per_turn"):
+            value = getattr(self, name)
+            if value is not None and value >= self.max_context:
+                problems.append(f"rollout.{name} = {value}: must be < rollout.max_context = "
+                                f"{self.max_context}")
+        return problems
 
 
 # ------------------------------------------------------------------------------------------ tools
@@ -263,14 +290,18 @@ class RLSection(Section):
                                  range=Interval(gt=1))  # c <= 1 would clip below the ordinary clip
     loss_agg: str = setting("token-mean", "how token losses are averaged",
                             choices=LOSS_AGGREGATIONS)
+    ratio: str = setting("token", "token: one ratio and clip per token (PPO); setwise (SRPO): "
+                         "one per planner turn with the workers it spawned", choices=RATIOS)
     seq_mean_denominator: str = setting("sequences", "seq-mean modes: divide by sequences, or by "
                                         "planners (the reference release)",
                                         choices=("sequences", "planners"))
     loss_agg_norm: float = setting(0.0, "seq-mean-token-sum-norm divisor; 0: padded row length",
                                    range=NON_NEGATIVE)
     norm_by_std: bool = setting(True, "GRPO advantages (r - mean) / std; False: Dr.GRPO r - mean")
-    group_by: str = setting("planner", "planner: workers share their planner's advantage; role: "
-                            "workers grouped on their own (ablation)", choices=("planner", "role"))
+    group_by: str = setting("planner", "planner: workers share their planner's advantage (MATPO); "
+                            "role: workers grouped per worker rollout (AT-GRPO-style); agent: "
+                            "per-agent normalisation, each delegating planner once (Dr. MAS)",
+                            choices=("planner", "role", "agent"))
     kl_coef: float = setting(0.0, "KL penalty to the reference policy (the RL start, frozen)",
                              range=NON_NEGATIVE)
     kl_type: str = setting("low_var_kl", "KL estimator", choices=("k1", "low_var_kl"))
@@ -280,6 +311,9 @@ class RLSection(Section):
     ppo_epochs: int = setting(1, "passes over the RL batch", range=AT_LEAST_ONE)
     micro_batches: int = setting(1, "gradient-accumulation chunks per optimizer step",
                                  range=AT_LEAST_ONE)
+    # One more forward and backward per optimizer step (docs/METHOD.md section 11).
+    role_grad_norms: bool = setting(False, "also log the gradient norm of the planner tokens' "
+                                    "and of the worker tokens' share of the loss")
     pack_rows: int = setting(8, "rows of one packed micro-batch (a fixed shape: one compile)",
                              range=AT_LEAST_ONE)
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
@@ -293,6 +327,10 @@ class RLSection(Section):
             return [f"rl.micro_batches = {self.micro_batches}: rl.micro_batches x "
                     f"rl.ppo_mini_batches = {split} must be <= rl.pack_rows = {self.pack_rows} "
                     f"(each micro-batch is a share of the packed rows)"]
+        if self.ratio == "setwise" and self.group_by != "planner":
+            return [f"rl.ratio = 'setwise' gives each set (a planner turn and its workers) one "
+                    f"advantage, but rl.group_by = {self.group_by!r} gives workers their own: "
+                    f"set rl.group_by = 'planner'"]
         return []
 
 

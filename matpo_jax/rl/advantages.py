@@ -11,6 +11,16 @@ workers of a query form a second group, keyed (query, role). A worker has no out
 so its reward is its parent's reward; the group statistics are then taken over worker rollouts,
 which weights a planner by how many workers it spawned. A query's worker group of size 1 falls
 back to mean 0, std 1 like any singleton group.
+
+`group_by="agent"` (Dr. MAS, arXiv 2602.08847, agent-wise normalisation): each agent's advantage
+is normalised by that agent's own reward statistics within the question's group, keyed (query,
+agent), and, as in Dr. MAS's default (trajectory-level statistics), each trajectory in which the
+agent acted contributes its reward ONCE. The planner agent acts in all G trajectories, so its
+statistics are those of 4.1. The worker agent acts in the trajectories whose planner spawned at
+least one worker; the worker statistics run over those planners' rewards, one entry per planner
+however many workers it spawned. That is where it differs from "role", whose statistics have one
+entry per worker rollout: the two agree exactly when every delegating planner of a question
+spawned the same number of workers (docs/METHOD.md section 4.5).
 """
 from __future__ import annotations
 
@@ -21,7 +31,7 @@ import numpy as np
 
 from matpo_jax.agents.trajectory import WORKER, Rollout
 
-GROUP_BY = ("planner", "role")
+GROUP_BY = ("planner", "role", "agent")
 STD_EPS = 1e-6
 
 
@@ -75,11 +85,26 @@ def assign_advantages(rollouts: Sequence[Rollout], rewards: Mapping[int, float],
     if group_by == "planner":
         for w in workers:
             advantages[w.rollout_id] = advantages[w.parent_id]
+    elif group_by == "agent":
+        advantages.update(_agent_worker_advantages(workers, rewards, norm_by_std))
     else:
         worker_adv = _grouped_advantages([(w.query_index, w.role) for w in workers],
                                          [rewards[w.parent_id] for w in workers], norm_by_std)
         advantages.update({w.rollout_id: a for w, a in zip(workers, worker_adv)})
     return advantages
+
+
+def _agent_worker_advantages(workers: Sequence[Rollout], rewards: Mapping[int, float],
+                             norm_by_std: bool) -> dict[int, float]:
+    """Dr. MAS's worker-agent advantages: per query, the statistics of the rewards of the
+    planners that delegated (each planner once); every worker gets its parent's normalised
+    reward."""
+    parents = list(dict.fromkeys(w.parent_id for w in workers))  # each delegating planner once
+    query_of = {w.parent_id: w.query_index for w in workers}
+    parent_adv = _grouped_advantages([query_of[p] for p in parents],
+                                     [rewards[p] for p in parents], norm_by_std)
+    by_parent = dict(zip(parents, parent_adv))
+    return {w.rollout_id: by_parent[w.parent_id] for w in workers}
 
 
 def token_advantages(advantage: float, trainable: Sequence[bool]) -> np.ndarray:

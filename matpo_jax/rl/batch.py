@@ -48,7 +48,8 @@ def bucket_rows(needed: int, minimum: int, multiple: int) -> int:
 def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                 loss_config: LossConfig, pack_len: int, min_rows: int = 1, row_multiple: int = 1,
                 group_by: str = "planner", norm_by_std: bool = True,
-                gather: Callable[[np.ndarray], np.ndarray] | None = None) -> MatpoBatch:
+                gather: Callable[[np.ndarray], np.ndarray] | None = None,
+                set_classes: int | None = None) -> MatpoBatch:
     """The packed batch of one RL step.
 
     rewards: the reward of every planner / single-agent rollout, by rollout_id (workers have none
@@ -57,12 +58,22 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
     devices). group_by / norm_by_std: see rl.advantages.assign_advantages.
     gather: values [k] -> every process's values [processes, k] (multi-process runs; min_rows and
     row_multiple are then this process's share).
+    set_classes: loss_config.ratio == "setwise": the train step's mini x micro batches (each
+    group's sets in one micro-batch: packing.class_bins).
     """
+    setwise = loss_config.ratio == "setwise"
+    if setwise and group_by != "planner":
+        raise ValueError(f"rl.ratio=setwise gives a set (a planner turn and its workers) one "
+                         f"advantage; rl.group_by={group_by!r} gives workers their own: use "
+                         f"rl.group_by=planner")
+    if setwise and not set_classes:
+        raise ValueError("rl.ratio=setwise needs set_classes (mini x micro batches)")
+    set_classes = set_classes if setwise else None
     advantages = adv_lib.assign_advantages(rollouts, rewards, group_by=group_by,
                                            norm_by_std=norm_by_std)
-    seqs = packing.sequences_from_rollouts(rollouts, advantages)
+    seqs = packing.sequences_from_rollouts(rollouts, advantages, with_sets=setwise)
     trained = packing.trained_indices(seqs, loss_config)  # groups that all scored alike drop out
-    needed = len(packing.first_fit_decreasing([len(seqs[i]) for i in trained], pack_len))
+    needed = packing.rows_needed(seqs, trained, pack_len, set_classes)
     totals = None
     if gather is not None:
         local = packing.batch_totals(seqs)
@@ -71,7 +82,8 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
         needed = int(gathered[:, -1].max())
     rows = bucket_rows(needed, min_rows, row_multiple)
     batch = packing.pack_sequences(seqs, pack_len, row_multiple=row_multiple, rows=rows,
-                                   loss_config=loss_config, drop_inert=True, totals=totals)
+                                   loss_config=loss_config, drop_inert=True, totals=totals,
+                                   set_classes=set_classes)
     # Counted over the sequences that carry a gradient (not the one a batch keeps when none
     # does), so every process's counts sum to the one-process numbers.
     carrying = [i for i in trained if packing.carries_gradient(seqs[i], loss_config)]
@@ -80,3 +92,17 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                "trained_sequences": len(carrying), "sequences": len(seqs),
                "trained_tokens": int(sum(seqs[i].trainable[1:].sum() for i in carrying))}
     return MatpoBatch(batch, advantages, metrics)
+
+
+def advantage_stats(rollouts: Sequence[Rollout], advantages: Mapping[int, float]
+                    ) -> dict[str, float]:
+    """Mean and (population) std of the rollouts' scalar advantages per role, over every rollout
+    (the ones left out of the packed batch too): `advantage_mean/worker`, `advantage_std/...`."""
+    by_role: dict[str, list[float]] = {}
+    for r in rollouts:
+        by_role.setdefault(r.role, []).append(advantages[r.rollout_id])
+    out = {}
+    for role, values in by_role.items():
+        out[f"advantage_mean/{role}"] = float(np.mean(values))
+        out[f"advantage_std/{role}"] = float(np.std(values))
+    return out

@@ -69,9 +69,13 @@ def rl_batch(rt: Runtime, rollouts, golds, questions, loss_cfg, row_multiple: in
         pack_len=cfg.rl.pack_len, min_rows=-(-cfg.rl.pack_rows // processes),
         row_multiple=row_multiple // processes, group_by=cfg.rl.group_by,
         norm_by_std=cfg.rl.norm_by_std,
-        gather=multihost.allgather if processes > 1 else None)
+        gather=multihost.allgather if processes > 1 else None,
+        # setwise: a group's rows share one micro-batch of the train step's mini x micro split
+        set_classes=(cfg.rl.ppo_mini_batches * cfg.rl.micro_batches
+                     if cfg.rl.ratio == "setwise" else None))
     metrics = rewards_lib.reward_metrics(breakdowns)
     metrics.update(scored.metrics)
+    metrics.update(batch_lib.advantage_stats(rollouts, scored.advantages))
     return scored.batch, metrics
 
 

@@ -104,7 +104,7 @@ def loss_config(rl: RLSection) -> loss_lib.LossConfig:
         aggregation=rl.loss_agg, seq_denominator=rl.seq_mean_denominator,
         norm_constant=rl.loss_agg_norm or None, eps_low=rl.eps_low, eps_high=rl.eps_high,
         dual_clip=rl.dual_clip_c, kl_coef=rl.kl_coef, kl_type=rl.kl_type,
-        entropy_coef=rl.entropy_coef)
+        entropy_coef=rl.entropy_coef, ratio=rl.ratio)
 
 
 # rl.schedule -> the optimizer's schedule (each with rl.warmup_steps of linear warmup first).
@@ -135,13 +135,17 @@ def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
     if phase == "sft":
         return step_lib.TrainStepConfig(objective="sft", loss=loss_config(cfg.rl),
                                         remat=cfg.train.remat)
-    # Log-probs at the rollouts' sampling temperature (greedy rollouts: the plain softmax).
+    # Log-probs at the rollouts' sampling temperature (greedy rollouts: the plain softmax), the
+    # workers' at theirs when rollout.worker_temperature is set.
+    worker = cfg.rollout.worker_temperature
     return step_lib.TrainStepConfig(objective="rl", loss=loss_config(cfg.rl),
                                     temperature=cfg.rollout.temperature or 1.0,
+                                    worker_temperature=None if worker is None else worker or 1.0,
                                     remat=cfg.train.remat,
                                     micro_batches=cfg.rl.micro_batches,
                                     ppo_mini_batches=cfg.rl.ppo_mini_batches,
-                                    ppo_epochs=cfg.rl.ppo_epochs)
+                                    ppo_epochs=cfg.rl.ppo_epochs,
+                                    role_grad_norms=cfg.rl.role_grad_norms)
 
 
 def loop_config(cfg: ExperimentConfig, phase: str, checkpoint_dir: str | None) -> loop_lib.LoopConfig:
@@ -166,7 +170,9 @@ def rollout_config(cfg: ExperimentConfig, *, evaluation: bool = False) -> Rollou
     """What the rollout engine runs: the rollout section; evaluation samples each question once
     at `eval.temperature`."""
     if evaluation:
-        return dataclasses.replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature)
+        # Workers too sample at eval.temperature (their own training temperature is not used).
+        return dataclasses.replace(cfg.rollout, group_size=1, temperature=cfg.eval.temperature,
+                                   worker_temperature=None)
     return cfg.rollout
 
 

@@ -54,7 +54,8 @@ from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
 from matpo_jax.sampler.host_transfer import (HostTraffic, flat_widths, nbytes, pack_rows,
                                              unpack_rows)
-from matpo_jax.sampler.ops import Sampling, SamplingConfigError, draw_keys, sample_tokens
+from matpo_jax.sampler.ops import (Sampling, SamplingConfigError, draw_keys, sample_tokens,
+                                   sample_tokens_per_row)
 from matpo_jax.sampler.writes import (PrefixStore, build_prefix_store, copy_prefixes, inject,
                                       prefix_store_shape)
 
@@ -119,6 +120,10 @@ class SlotInjection:
     # same stream samples the same tokens in any slot and next to any other sequences. A slot
     # never given one uses its row index.
     stream: np.ndarray | None = None
+    # int32[B] or None: the sampling profile a slot decodes with from now on (-1 = keep; a slot
+    # starts with 0): an index into run_slots' profiles (0 = `sampling`, 1.. = `more_profiles`),
+    # e.g. the worker's temperature, top-p and stop ids in the planner's decode batch.
+    profile: np.ndarray | None = None
 
     @classmethod
     def nothing(cls, slots: int, width: int = 1) -> "SlotInjection":
@@ -126,7 +131,7 @@ class SlotInjection:
         return cls(tokens=np.zeros((slots, width), np.int32), num=np.zeros(slots, np.int32),
                    reset=np.zeros(slots, bool), active=np.zeros(slots, bool), done=False,
                    prefix=np.full(slots, -1, np.int32), turn_cap=np.zeros(slots, np.int32),
-                   stream=np.full(slots, -1, np.int32))
+                   stream=np.full(slots, -1, np.int32), profile=np.full(slots, -1, np.int32))
 
 
 class SlotHost(Protocol):
@@ -208,8 +213,9 @@ class _HostSession:
     injection (read by the loop's extends), the traffic so far, and the first host error."""
 
     def __init__(self, host: SlotHost, slots: int, max_len: int, max_turn: int,
-                 prefix_lengths=()):
+                 prefix_lengths=(), profiles: int = 1):
         self.host, self.slots, self.max_len, self.max_turn = host, slots, max_len, max_turn
+        self.profiles = profiles
         self.prefix_lengths = np.asarray(prefix_lengths, np.int32)
         self.tokens = np.zeros((slots, 0), np.int32)
         self.traffic = HostTraffic()
@@ -249,7 +255,7 @@ def _call_host(session_id, stopped, stop_reason, turn_len, cache_len, flat_token
     if answer is None:
         finish = SlotInjection.nothing(session.slots)
         answer = (finish.tokens, finish.num, finish.reset, finish.active, finish.prefix,
-                  finish.turn_cap, finish.stream, np.bool_(True))
+                  finish.turn_cap, finish.stream, finish.profile, np.bool_(True))
     session.tokens = answer[0]
     control = answer[1:]
     session.traffic.add(0, nbytes(*control))
@@ -331,7 +337,14 @@ def _check_injection(injection, events: SlotEvents, session: _HostSession):
     for slot in np.flatnonzero(stream < -1)[:1]:
         raise SlotProtocolError(f"SlotInjection.stream[{slot}]={stream[slot]} is negative "
                                 "(-1 keeps the slot's stream)")
-    return tokens, num, reset, active, prefix, turn_cap, stream, np.bool_(injection.done)
+    profile = (np.full(slots, -1, np.int32) if injection.profile is None
+               else field("profile", np.int32, (slots,)))
+    for slot in np.flatnonzero((profile < -1) | (profile >= session.profiles))[:1]:
+        raise SlotProtocolError(f"SlotInjection.profile[{slot}]={profile[slot]} is outside "
+                                f"[-1, {session.profiles}) (run_slots got {session.profiles} "
+                                "sampling profiles)")
+    return (tokens, num, reset, active, prefix, turn_cap, stream, profile,
+            np.bool_(injection.done))
 
 
 # ----------------------------------------------------------------------------- the jitted loop
@@ -348,6 +361,7 @@ class _LoopState(NamedTuple):
     turn_len: jax.Array  # int32[B]
     turn_cap: jax.Array  # int32[B]: tokens the current turn may sample (<= max_turn)
     stream: jax.Array  # int32[B]: each slot's sampling stream (SlotInjection.stream)
+    profile: jax.Array  # int32[B]: each slot's sampling profile (SlotInjection.profile)
     decode_steps: jax.Array  # int32 scalar
     host_calls: jax.Array  # int32 scalar
     sampled_tokens: jax.Array  # int32 scalar
@@ -361,14 +375,20 @@ def _stop_reasons(tokens, stop_table):
     return reason
 
 
-def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_len: int):
-    """Samples one token for every active slot with room left, records it, and decodes it."""
+def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_len: int,
+                 more_profiles=()):
+    """Samples one token for every active slot with room left, records it, and decodes it.
+    more_profiles: ((Sampling, stop table), ...) of profiles 1.. (slots pick one by s.profile)."""
     slots, max_turn = s.turn_tokens.shape
     rows = jnp.arange(slots)
     full = s.cache.lengths >= max_len
     sampling_rows = s.active & ~full
-    tokens, logprobs = sample_tokens(s.logits, draw_keys(rng, s.stream, s.cache.lengths),
-                                     sampling)
+    keys = draw_keys(rng, s.stream, s.cache.lengths)
+    if more_profiles:
+        tokens, logprobs = sample_tokens_per_row(
+            s.logits, keys, (sampling,) + tuple(p for p, _ in more_profiles), s.profile)
+    else:
+        tokens, logprobs = sample_tokens(s.logits, keys, sampling)
     # Rows that do not sample write to column max_turn, which mode="drop" discards.
     column = jnp.where(sampling_rows, s.turn_len, max_turn)
     turn_tokens = s.turn_tokens.at[rows, column].set(tokens, mode="drop")
@@ -379,7 +399,10 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
     new_logits, cache = model.decode(tokens, s.cache, sampling_rows)
     logits = jnp.where(sampling_rows[:, None], new_logits, s.logits)
 
-    reason = jnp.where(sampling_rows, _stop_reasons(tokens, stop_table), STOP_NONE)
+    stops = _stop_reasons(tokens, stop_table)
+    for index, (_, table) in enumerate(more_profiles, start=1):
+        stops = jnp.where(s.profile == index, _stop_reasons(tokens, table), stops)
+    reason = jnp.where(sampling_rows, stops, STOP_NONE)
     reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (turn_len >= s.turn_cap),
                        STOP_TURN_CAP, reason)
     reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (cache.lengths >= max_len),
@@ -404,6 +427,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((slots,), jnp.int32),
+                     jax.ShapeDtypeStruct((slots,), jnp.int32),
                      jax.ShapeDtypeStruct((), jnp.bool_))
     counts = jnp.where(s.stopped, s.turn_len, 0)
     widths = flat_widths(slots * max_turn)
@@ -420,7 +444,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
         return call
 
     chosen = jnp.sum(jnp.asarray(widths) < jnp.sum(counts))
-    num, reset, active, prefix, turn_cap, stream, done = jax.lax.switch(
+    num, reset, active, prefix, turn_cap, stream, profile, done = jax.lax.switch(
         chosen, [call_host_with(width) for width in widths], None)
     cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
     logits = s.logits
@@ -436,6 +460,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
         cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
         stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
         turn_cap=turn_cap, stream=jnp.where(stream >= 0, stream, s.stream),
+        profile=jnp.where(profile >= 0, profile, s.profile),
         host_calls=s.host_calls + 1, done=done))
 
 
@@ -471,10 +496,10 @@ def _replication(mesh: Mesh | None):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table",
-    "mesh"))
+    "mesh", "more_profiles"))
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
                prefix_lengths, *, slots, max_len, max_turn, buckets, lanes, sampling, stop_table,
-               mesh=None):
+               mesh=None, more_profiles=()):
     model = nnx.merge(graphdef, model_state)
     config = model.config
     constrain, replicated = _state_constraint(mesh), _replication(mesh)
@@ -494,6 +519,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
         turn_len=jnp.zeros((slots,), jnp.int32),
         turn_cap=jnp.full((slots,), max_turn, jnp.int32),
         stream=jnp.arange(slots, dtype=jnp.int32),
+        profile=jnp.zeros((slots,), jnp.int32),
         decode_steps=jnp.int32(0), host_calls=jnp.int32(0), sampled_tokens=jnp.int32(0),
         done=jnp.bool_(False)))
 
@@ -503,7 +529,8 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
     def decode_until_a_stop(s):
         return jax.lax.while_loop(
             lambda s: ~s.done & ~jnp.any(s.stopped) & jnp.any(s.active) & under_limits(s),
-            lambda s: constrain(_decode_step(model, s, rng, sampling, stop_table, max_len)), s)
+            lambda s: constrain(_decode_step(model, s, rng, sampling, stop_table, max_len,
+                                             more_profiles)), s)
 
     def outer_body(s):
         return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
@@ -528,7 +555,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
               stop_ids: Mapping[int, int] | Sequence[int] = (), rng=None,
               buckets: Sequence[int] | None = None, lanes: int | None = None,
               prefixes: Sequence[Sequence[int]] = (), max_steps: int = 1 << 30,
-              max_host_calls: int = 1 << 30, mesh: Mesh | None = None) -> SlotLoopStats:
+              max_host_calls: int = 1 << 30, mesh: Mesh | None = None,
+              more_profiles: Sequence[tuple[Sampling, Mapping[int, int] | Sequence[int]]] = ()
+              ) -> SlotLoopStats:
     """Runs the slot loop until the host answers done (or a safety cap is hit).
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
@@ -543,6 +572,10 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
     mesh: shards the KV cache, logits and turn buffers over it (slots over data x fsdp, kv heads
     over tensor); default: the mesh model_state is sharded over (`mesh_of`), none if unsharded.
+    more_profiles: ((Sampling, stop_ids), ...): sampling profiles 1, 2, ... next to profile 0
+    (`sampling`, `stop_ids`); a slot decodes with the one its SlotInjection.profile names, so
+    planner and worker slots of one batch sample at their own temperature and top-p and stop at
+    their own ids (top_k must be the same). Their turn caps are SlotInjection.turn_cap's.
     All results reach the host through SlotEvents; this returns counters and the bytes each host
     round moved."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
@@ -555,7 +588,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     mesh = mesh_of(model_state) if mesh is None else mesh
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len)
-    session = _HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes])
+    more = tuple((p, _stop_table(ids)) for p, ids in more_profiles)
+    session = _HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes],
+                           profiles=1 + len(more))
     with _SESSIONS_LOCK:
         session_id = next(_SESSION_IDS)
         _SESSIONS[session_id] = session
@@ -566,7 +601,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
                               prefix_lengths, slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
                               lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids),
-                              mesh=mesh)
+                              mesh=mesh, more_profiles=more)
         decode_steps, host_calls, sampled, done = jax.device_get(counters)
     finally:
         with _SESSIONS_LOCK:

@@ -124,3 +124,44 @@ def first_index_of_max(x: jax.Array, top: jax.Array | None = None) -> jax.Array:
     top = jnp.max(x, axis=-1, keepdims=True) if top is None else top
     index = jnp.min(jnp.where(x == top, jnp.arange(size, dtype=jnp.int32), size), axis=-1)
     return jnp.minimum(index, size - 1)
+
+
+def sample_tokens_per_row(logits: jax.Array, keys: jax.Array, profiles: tuple[Sampling, ...],
+                          profile_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`sample_tokens` where row b samples with `profiles[profile_ids[b]]` (e.g. planner and
+    worker slots of one decode batch, each at its role's temperature and top-p).
+
+    The settings become per-row arrays: logits are scaled by the row's log-prob temperature,
+    nucleus truncation keeps the row's own mass, greedy rows take the argmax. top_k is shared:
+    every profile must have the same one. Each row's (token, log-prob) is what `sample_tokens`
+    with its profile alone gives (the same key, the same arithmetic)."""
+    if len({p.top_k for p in profiles}) > 1:
+        raise SamplingConfigError(f"profiles differ in top_k {[p.top_k for p in profiles]}: "
+                                  "one decode batch truncates to one top_k")
+    pick = lambda values, dtype: jnp.asarray(values, dtype)[profile_ids]  # noqa: E731
+    temperature = pick([p.logprob_temperature for p in profiles], jnp.float32)[:, None]
+    top_p = pick([p.top_p for p in profiles], jnp.float32)[:, None]
+    greedy = pick([p.is_greedy for p in profiles], bool)
+    logits = logits.astype(jnp.float32)
+    scaled = logits / temperature
+    top = jnp.max(scaled, axis=-1, keepdims=True)
+    truncated = truncate_top_k(scaled, profiles[0].top_k)
+    if any(p.top_p < 1.0 for p in profiles if not p.is_greedy):
+        nucleus = _truncate_top_p_rows(truncated, top_p)
+        truncated = jnp.where(top_p < 1.0, nucleus, truncated)
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:]))(keys)
+    tokens = jnp.where(greedy, first_index_of_max(scaled, top),
+                       first_index_of_max(truncated + noise))
+    log_total = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
+    chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    return tokens, chosen - log_total
+
+
+def _truncate_top_p_rows(logits: jax.Array, p: jax.Array) -> jax.Array:
+    """`truncate_top_p` with one mass per row (p: [B, 1])."""
+    descending = -jnp.sort(-logits, axis=-1)
+    probs = jax.nn.softmax(descending, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    num_kept = jnp.sum(mass_before < p, axis=-1, keepdims=True)
+    threshold = jnp.take_along_axis(descending, num_kept - 1, axis=-1)
+    return jnp.where(logits < threshold, _NEG_INF, logits)

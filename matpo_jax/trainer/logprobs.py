@@ -204,6 +204,11 @@ def score_tokens(model, tokens: jax.Array, positions: jax.Array, segment_ids: ja
     step, and for reference-policy log-probs at the sampling temperature."""
     hidden = model.hidden_states(tokens, positions, segment_ids, remat=remat,
                                  scan_layers=scan_layers)
+    if not isinstance(temperature, (int, float)):
+        # One temperature per position ([B, T], e.g. planner and worker rows sampled at their own):
+        # logits / T_t = (hidden_t / T_t) @ head, so the blockwise kernel runs at 1.
+        hidden = (hidden.astype(jnp.float32) / temperature[..., None]).astype(hidden.dtype)
+        temperature = 1.0
     return next_token_logprobs(hidden, model.head_kernel(hidden.dtype), tokens, segment_ids,
                                temperature=temperature, with_entropy=with_entropy,
                                entropy_gradient=entropy_gradient, seq_block=seq_block,

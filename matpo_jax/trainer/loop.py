@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.trainer import step as step_lib
+from matpo_jax.trainer.stability import SpikeCounter
 from matpo_jax.trainer.packing import PackedBatch
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class TrainLoop:
                                                 step_lib.learning_rate_schedule(optimizer))
         self._all_finite = jax.jit(step_lib.tree_all_finite)
         self.last_saved: int | None = None
+        self.spikes = SpikeCounter()  # grad_norm_spike(s) in every record
 
     # ------------------------------------------------------------------------------ checkpoints
     def _checkpointer(self) -> ckpt_lib.Checkpointer | None:
@@ -168,6 +170,7 @@ class TrainLoop:
             start = self._restore(checkpoints, data)
             if writer is not None:
                 writer.truncate_after(start)  # rows of steps about to be redone
+                self._replay_spikes(writer, start)
             if on_start is not None and start < c.steps:
                 self.state = on_start(start, self.state)
             with metrics_lib.Progress(c.steps, initial=start, desc=c.name,
@@ -181,6 +184,16 @@ class TrainLoop:
                 checkpoints.close()
         return self.state
 
+    def _replay_spikes(self, writer: metrics_lib.MetricsWriter, start: int) -> None:
+        """A resumed phase's spike history: the logged grad norms of its steps up to `start`
+        (every step's with train.log_every = 1, so the count goes on as if uninterrupted)."""
+        key = f"{self.config.metric_prefix}grad_norm"
+        if not writer.enabled or not writer.path.exists():
+            return
+        for record in metrics_lib.read_records(writer.path):
+            if key in record and 0 < record.get("step", 0) <= start:
+                self.spikes.update(float(record[key]))
+
     def _one_step(self, step: int, batch_fn, writer, after_step, bar) -> None:
         c = self.config
         item = batch_fn(step, self.state)
@@ -188,6 +201,10 @@ class TrainLoop:
         self.state, step_metrics = self.step_fn(self.state, item.batch)
         record = {f"{c.metric_prefix}{k}": float(np.asarray(v)) for k, v in step_metrics.items()}
         record[f"{c.metric_prefix}time_update_s"] = time.perf_counter() - t0
+        grad_norm = record.get(f"{c.metric_prefix}grad_norm")
+        if grad_norm is not None:
+            record.update({f"{c.metric_prefix}{k}": v
+                           for k, v in self.spikes.update(grad_norm).items()})
         record.update(item.metrics)
         if after_step is not None:
             record.update(after_step(step + 1, self.state) or {})

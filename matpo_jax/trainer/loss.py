@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from matpo_jax.trainer import logprobs as logprobs_lib
+from matpo_jax.trainer import setwise
 
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 SEQ_DENOMINATORS = ("sequences", "planners")
+RATIOS = ("token", "setwise")  # docs/METHOD.md sections 5 and 5.1
 KL_TYPES = ("k1", "low_var_kl")
 ROLE_NAMES = ("planner", "worker")  # index = role id (trajectory.ROLE_IDS)
 LOG_RATIO_LIMIT = 20.0  # clip log(rho) before exp so a stale token cannot overflow
@@ -38,11 +40,21 @@ class LossConfig:
     kl_type: str = "low_var_kl"
     entropy_coef: float = 0.0
     entropy_metrics: bool = True  # costs one more pass over the vocabulary
+    # token: one ratio per token (PPO); setwise (SRPO): one ratio per set of a planner turn and
+    # the workers it spawned, exp(sum of its tokens' log-ratios / sqrt(K)) (trainer/setwise.py).
+    ratio: str = "token"
+    # Internal, setwise: rows are dealt to micro-batches by row % set_row_stride (the train
+    # step's mini x micro batches), so a set's rows lie set_row_stride apart per micro-batch row.
+    set_row_stride: int = 1
+    # Internal (the train step's per-role gradient norms): only this role's tokens enter the
+    # weighted sum; the ratios and metrics are computed as without it. None: every token.
+    weight_role: int | None = None
 
     def __post_init__(self):
         for field, value, allowed in (("aggregation", self.aggregation, AGGREGATION_MODES),
                                       ("seq_denominator", self.seq_denominator, SEQ_DENOMINATORS),
-                                      ("kl_type", self.kl_type, KL_TYPES)):
+                                      ("kl_type", self.kl_type, KL_TYPES),
+                                      ("ratio", self.ratio, RATIOS)):
             if value not in allowed:
                 raise ValueError(f"LossConfig.{field}={value!r}, expected one of {allowed}")
 
@@ -141,7 +153,9 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, segment_ids: jax.Array,
     `logprobs.next_token_logprobs`, the same numbers computed blockwise from hidden states.
     """
     logits = logits.astype(jnp.float32)
-    if temperature != 1.0:
+    if not isinstance(temperature, (int, float)):  # one per position ([B, T]: role_temperatures)
+        logits = logits / temperature[..., None]
+    elif temperature != 1.0:
         logits = logits / temperature
     prev_logits = logits[:, :-1]
     log_norm = jax.nn.logsumexp(prev_logits, axis=-1)
@@ -207,8 +221,15 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
     if config.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
     mask = batch.loss_mask.astype(jnp.float32)
-    pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
-                                       config.eps_low, config.eps_high, config.dual_clip)
+    if config.ratio == "setwise":
+        # One ratio per set, the same on each member token: rho = exp(set log-ratio).
+        set_log_ratio = setwise.set_log_ratios(logp - batch.old_logprobs, mask, batch,
+                                               config.set_row_stride)
+        pg, is_clipped = clipped_surrogate(set_log_ratio, 0.0, batch.advantages,
+                                           config.eps_low, config.eps_high, config.dual_clip)
+    else:
+        pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
+                                           config.eps_low, config.eps_high, config.dual_clip)
     per_token = pg
     values = {"pg_loss": pg, "clip_frac": is_clipped.astype(jnp.float32),
               "advantage": batch.advantages}
@@ -224,7 +245,10 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
         values["entropy"] = entropy
     log_ratio = jax.lax.stop_gradient(logp - batch.old_logprobs)
     values["approx_kl"] = jnp.exp(log_ratio) - 1.0 - log_ratio  # k3 of KL(old || current)
-    loss = jnp.sum(batch.loss_weights * mask * per_token)
+    weights = batch.loss_weights
+    if config.weight_role is not None:
+        weights = weights * (batch.role_ids == config.weight_role)
+    loss = jnp.sum(weights * mask * per_token)
     metrics = _role_sums(batch.role_ids, mask, {k: jax.lax.stop_gradient(v)
                                                 for k, v in values.items()})
     return loss, metrics
@@ -237,6 +261,15 @@ def sft_objective(logp, batch):
     loss = jnp.sum(batch.loss_weights * mask * -logp)
     metrics = _role_sums(batch.role_ids, mask, {"nll": jax.lax.stop_gradient(-logp)})
     return loss, metrics
+
+
+def role_temperatures(role_ids, temperature: float, worker_temperature: float | None):
+    """The log-prob temperature of every position: `temperature`, or with a worker temperature of
+    its own, [B, T] with `worker_temperature` on worker rows (a position predicts the next token
+    of its own sequence, whose role it shares; the predictions across segments are masked)."""
+    if worker_temperature is None or worker_temperature == temperature:
+        return temperature
+    return jnp.where(role_ids == 1, jnp.float32(worker_temperature), jnp.float32(temperature))
 
 
 def policy_loss(logits, batch, config: LossConfig, temperature: float = 1.0):
@@ -254,7 +287,8 @@ def sft_loss(logits, batch, config: LossConfig | None = None):
 
 
 def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
-                    temperature: float = 1.0, remat: str = "none", scan_layers: bool = False,
+                    temperature: float = 1.0, worker_temperature: float | None = None,
+                    remat: str = "none", scan_layers: bool = False,
                     seq_block: int = logprobs_lib.SEQ_BLOCK,
                     vocab_block: int = logprobs_lib.VOCAB_BLOCK):
     """The objective straight from the model, as the train step differentiates it: decoder
@@ -264,7 +298,8 @@ def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
     rl = objective == "rl"
     logp, entropy, _ = logprobs_lib.score_tokens(
         model, batch.tokens, batch.positions, batch.segment_ids,
-        temperature=temperature if rl else 1.0, with_entropy=rl and needs_entropy(config),
+        temperature=role_temperatures(batch.role_ids, temperature, worker_temperature) if rl
+        else 1.0, with_entropy=rl and needs_entropy(config),
         entropy_gradient=rl and config.entropy_coef > 0, remat=remat, scan_layers=scan_layers,
         seq_block=seq_block, vocab_block=vocab_block)
     return policy_objective(logp, entropy, batch, config) if rl else sft_objective(logp, batch)

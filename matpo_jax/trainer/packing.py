@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from matpo_jax.agents.trajectory import ROLE_IDS, WORKER, Rollout
+from matpo_jax.trainer import setwise
 from matpo_jax.trainer.loss import LossConfig, WeightTotals, aggregation_weights, weight_totals
 
 
@@ -45,14 +46,16 @@ class TrainSequence:
     rollout_id: int
     group_id: int  # the planner rollout this belongs to (itself for a planner)
     ref_logprobs: np.ndarray | None = None  # float32 [L], only when a KL term is used
+    set_turns: np.ndarray | None = None  # int32 [L], setwise ratio: the token's set in its group
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
-def sequences_from_rollouts(rollouts: Sequence[Rollout],
-                            advantages: Mapping[int, float]) -> list[TrainSequence]:
-    """TrainSequences for every rollout, each carrying its scalar advantage."""
+def sequences_from_rollouts(rollouts: Sequence[Rollout], advantages: Mapping[int, float],
+                            with_sets: bool = False) -> list[TrainSequence]:
+    """TrainSequences for every rollout, each carrying its scalar advantage (and with_sets: the
+    setwise ratio's set of each token, trainer/setwise.py)."""
     seqs = []
     for r in rollouts:
         if not (len(r.tokens) == len(r.trainable) == len(r.logprobs)):
@@ -66,6 +69,7 @@ def sequences_from_rollouts(rollouts: Sequence[Rollout],
             role_id=ROLE_IDS[r.role],
             rollout_id=r.rollout_id,
             group_id=r.parent_id if r.role == WORKER else r.rollout_id,
+            set_turns=setwise.set_turns(r) if with_sets else None,
         ))
     return seqs
 
@@ -85,6 +89,10 @@ class PackedBatch:
     loss_weights: np.ndarray  # float32, aggregation weight of each token over the whole batch
     rollout_ids: np.ndarray  # int32, -1 on padding
     ref_logprobs: np.ndarray | None = None
+    # Setwise ratio (trainer/setwise.py): each token's set anchor, its row as a distance in rows
+    # and its column (a token in no set: 0 and its own column).
+    set_row_delta: np.ndarray | None = None  # int32
+    set_col: np.ndarray | None = None  # int32
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -117,6 +125,54 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
             bins.append([i])
             free.append(capacity - lengths[i])
     return bins
+
+
+def class_bins(seqs: Sequence[TrainSequence], order: Sequence[int], capacity: int,
+               classes: int) -> list[list[list[int]]]:
+    """Setwise packing: bins (rows) per residue class of the row index mod `classes`, every group
+    (a planner and its workers) in ONE class, so its sets never span micro-batches. Groups go,
+    longest first, to the class with the fewest tokens so far and are packed first-fit-decreasing
+    into that class's rows."""
+    groups: dict[int, list[int]] = {}
+    for i in order:
+        groups.setdefault(seqs[i].group_id, []).append(i)
+    per_class: list[list[list[int]]] = [[] for _ in range(classes)]
+    free: list[list[int]] = [[] for _ in range(classes)]
+    load = [0] * classes
+    for members in sorted(groups.values(), key=lambda m: -sum(len(seqs[i]) for i in m)):
+        c = min(range(classes), key=lambda k: (load[k], k))
+        for i in sorted(members, key=lambda i: -len(seqs[i])):
+            n = len(seqs[i])
+            b = next((b for b, space in enumerate(free[c]) if n <= space), None)
+            if b is None:
+                per_class[c].append([i])
+                free[c].append(capacity - n)
+            else:
+                per_class[c][b].append(i)
+                free[c][b] -= n
+            load[c] += n
+    return per_class
+
+
+def _interleave(per_class: list[list[list[int]]], num_rows: int) -> list[list[int]]:
+    """Class c's b-th bin becomes row b * classes + c (`_split_rows` deals row r to micro-batch
+    r % (mini x micro) batches)."""
+    classes = len(per_class)
+    bins: list[list[int]] = [[] for _ in range(num_rows)]
+    for c, class_rows in enumerate(per_class):
+        for b, members in enumerate(class_rows):
+            bins[b * classes + c] = members
+    return bins
+
+
+def rows_needed(seqs: Sequence[TrainSequence], order: Sequence[int], capacity: int,
+                set_classes: int | None = None) -> int:
+    """Rows the sequences `order` fill at `capacity` tokens a row (setwise: whole groups per
+    residue class, see `class_bins`)."""
+    if not set_classes:
+        return len(first_fit_decreasing([len(seqs[i]) for i in order], capacity))
+    return set_classes * max([len(b) for b in class_bins(seqs, order, capacity, set_classes)]
+                             + [0])
 
 
 def _check_lengths(seqs: Sequence[TrainSequence], max_len: int) -> None:
@@ -179,7 +235,28 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: 
             if s.ref_logprobs is not None:
                 batch.ref_logprobs[row, span] = s.ref_logprobs
             start += n
+    if any(s.set_turns is not None for s in seqs):
+        _anchor_sets(batch, seqs, bins)
     return batch
+
+
+def _anchor_sets(batch: PackedBatch, seqs: Sequence[TrainSequence], bins) -> None:
+    """Points every set member at its set's anchor, the set's first token placed (row-major)."""
+    rows, row_len = batch.shape
+    batch.set_row_delta = np.zeros((rows, row_len), np.int32)
+    batch.set_col = np.tile(np.arange(row_len, dtype=np.int32), (rows, 1))
+    anchors: dict[tuple[int, int], tuple[int, int]] = {}
+    for row, members in enumerate(bins):
+        start = 0
+        for i in members:
+            s = seqs[i]
+            for turn in dict.fromkeys(int(t) for t in s.set_turns if t != setwise.NO_SET):
+                cols = start + np.flatnonzero(s.set_turns == turn)
+                anchor_row, anchor_col = anchors.setdefault((s.group_id, turn),
+                                                            (row, int(cols[0])))
+                batch.set_row_delta[row, cols] = anchor_row - row
+                batch.set_col[row, cols] = anchor_col
+            start += len(s)
 
 
 def batch_totals(seqs: Sequence[TrainSequence]) -> WeightTotals:
@@ -215,7 +292,8 @@ def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
 def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
                    rows: int | None = None, row_len_multiple: int | None = None,
                    loss_config: LossConfig = LossConfig(),
-                   drop_inert: bool = False, totals: WeightTotals | None = None) -> PackedBatch:
+                   drop_inert: bool = False, totals: WeightTotals | None = None,
+                   set_classes: int | None = None) -> PackedBatch:
     """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
 
     row_len_multiple: also pick the row length, among its multiples from the longest sequence up
@@ -224,8 +302,18 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
     drop_inert: leave out the sequences that carry no gradient (`carries_gradient`); the loss
     weights of the rest are those of the whole batch, so the gradient is the same.
     totals: the whole batch's normalisers when `seqs` are one process's part of it.
+    set_classes: setwise ratio, the train step's mini x micro batches: each group's rows share
+    one residue mod set_classes, i.e. one micro-batch (`class_bins`); the sequences must carry
+    set_turns, and row_multiple and rows must be multiples of it.
     """
     _check_lengths(seqs, max_len)
+    if set_classes:
+        if row_multiple % set_classes or (rows is not None and rows % set_classes):
+            raise PackingError(f"set_classes={set_classes} must divide row_multiple="
+                               f"{row_multiple} and rows={rows}")
+        if any(s.set_turns is None for s in seqs):
+            raise PackingError("set_classes needs sequences with set_turns "
+                               "(sequences_from_rollouts(with_sets=True))")
     order = trained_indices(seqs, loss_config) if drop_inert else list(range(len(seqs)))
     lengths = [len(seqs[i]) for i in order]
     candidates = [max_len]
@@ -234,15 +322,21 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
         candidates = list(range(shortest, max_len + 1, row_len_multiple)) or [max_len]
     best = None
     for row_len in candidates:
-        bins = [[order[j] for j in b] for b in first_fit_decreasing(lengths, row_len)]
-        if rows is not None and len(bins) > rows:
+        if set_classes:
+            per_class = class_bins(seqs, order, row_len, set_classes)
+            needed = set_classes * max([len(b) for b in per_class] + [0])
+        else:
+            bins = [[order[j] for j in b] for b in first_fit_decreasing(lengths, row_len)]
+            needed = len(bins)
+        if rows is not None and needed > rows:
             continue
-        num_rows = _num_rows(len(bins), row_multiple, rows)
+        num_rows = _num_rows(needed, row_multiple, rows)
+        if set_classes:
+            bins = _interleave(per_class, num_rows)
         if best is None or num_rows * row_len < best[0] * best[1]:
             best = (num_rows, row_len, bins)
     if best is None:  # nothing fits in `rows`: let _num_rows raise with the count at max_len
-        bins = first_fit_decreasing(lengths, max_len)
-        _num_rows(len(bins), row_multiple, rows)
+        _num_rows(rows_needed(seqs, order, max_len, set_classes), row_multiple, rows)
     num_rows, row_len, bins = best
     return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config, totals)
 

@@ -74,10 +74,16 @@ class TrainStepConfig:
     # RL log-probs are taken at the rollouts' sampling temperature (softmax(logits / T)), the
     # distribution the sampler recorded old log-probs under; 1 for greedy rollouts.
     temperature: float = 1.0
+    # Workers' log-prob temperature when they sample at one of their own (None: `temperature`).
+    worker_temperature: float | None = None
     remat: str = "none"  # per-decoder-layer rematerialisation (model.remat.REMAT_POLICIES)
     scan_layers: bool = False  # decoder layers as one lax.scan (compile time; same numbers)
     logprob_seq_block: int = logprobs_lib.SEQ_BLOCK  # blockwise log-softmax tiles
     logprob_vocab_block: int = logprobs_lib.VOCAB_BLOCK
+    # RL: also report the gradient norm of the planner tokens' and the worker tokens' share of
+    # the loss (one more forward and backward per mini-batch: the planner share; the worker
+    # share is the rest, the loss being a sum over tokens).
+    role_grad_norms: bool = False
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -87,6 +93,9 @@ class TrainStepConfig:
                              f"{tuple(REMAT_POLICIES)}")
         if not self.temperature > 0:
             raise ValueError(f"TrainStepConfig.temperature must be > 0, got {self.temperature}")
+        if self.worker_temperature is not None and not self.worker_temperature > 0:
+            raise ValueError(f"TrainStepConfig.worker_temperature must be > 0, got "
+                             f"{self.worker_temperature}")
         for name in ("micro_batches", "ppo_mini_batches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainStepConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -220,12 +229,16 @@ def tree_all_finite(tree) -> jax.Array:
 def _accumulated_gradients(graphdef, config: TrainStepConfig, shardings: TrainState) -> Callable:
     """(params, frozen, mini_batch [micro, rows, T]) -> (summed grads, loss, metric sums)."""
     mini = config.ppo_mini_batches
+    # Setwise sets: micro-batch rows are mini x micro global rows apart (_split_rows).
+    loss_config = dataclasses.replace(config.loss,
+                                      set_row_stride=mini * config.micro_batches)
 
     def micro_loss(params, frozen, batch):
         model = nnx.merge(graphdef, params, frozen)
         loss, sums = loss_lib.model_objective(
-            model, batch, config.loss, objective=config.objective,
-            temperature=config.temperature, remat=config.remat, scan_layers=config.scan_layers,
+            model, batch, loss_config, objective=config.objective,
+            temperature=config.temperature, worker_temperature=config.worker_temperature,
+            remat=config.remat, scan_layers=config.scan_layers,
             seq_block=config.logprob_seq_block, vocab_block=config.logprob_vocab_block)
         # Each mini-batch is one slice of the whole-batch objective; scale it back to full size.
         return loss * mini, (loss, sums)
@@ -282,8 +295,10 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
 
         def one(micro_batch):
             logits = model(micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids)
+            temperature = loss_lib.role_temperatures(micro_batch.role_ids, config.temperature,
+                                                     config.worker_temperature)
             return loss_lib.token_logprobs(logits, micro_batch.tokens, micro_batch.segment_ids,
-                                           temperature=config.temperature)[0]
+                                           temperature=temperature)[0]
 
         per_micro = jax.lax.map(one, split)  # [micro, rows_per_micro, T]
         # Undo _split_rows: row j * micro + k is row j of micro-batch k.
@@ -307,11 +322,21 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
     """step(state, batch: PackedBatch of numpy or jax arrays) -> (state, metrics)."""
     mini, micro, epochs = config.ppo_mini_batches, config.micro_batches, config.ppo_epochs
     mini_batch_grads = _accumulated_gradients(graphdef, config, shardings)
+    planner_grads = None
+    if config.role_grad_norms and config.objective == "rl":
+        planner_only = dataclasses.replace(config, loss=dataclasses.replace(config.loss,
+                                                                            weight_role=0))
+        planner_grads = _accumulated_gradients(graphdef, planner_only, shardings)
 
     def optimizer_step(carry, mini_batch):
         params, opt_state, frozen, skipped = carry
         grads, loss, sums = mini_batch_grads(params, frozen, mini_batch)
         grad_norm = optax.global_norm(grads)
+        role_norms = ()
+        if planner_grads is not None:
+            planner = planner_grads(params, frozen, mini_batch)[0]
+            role_norms = (optax.global_norm(planner),
+                          optax.global_norm(jax.tree.map(jnp.subtract, grads, planner)))
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         # A non-finite loss or gradient, or an update that makes a parameter non-finite (an
@@ -321,7 +346,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
         params = _tree_where(finite, new_params, params)
         opt_state = _tree_where(finite, new_opt_state, opt_state)
         skipped = skipped + (~finite).astype(jnp.int32)
-        return (params, opt_state, frozen, skipped), (loss, sums, grad_norm)
+        return (params, opt_state, frozen, skipped), (loss, sums, grad_norm, role_norms)
 
     def step(state: TrainState, batch: PackedBatch):
         batches = _split_rows(batch, mini, micro, mesh)
@@ -331,7 +356,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
             carry, outputs = jax.lax.scan(optimizer_step, carry, batches)
             per_step.append(outputs)
         params, opt_state, frozen, skipped = carry
-        losses, sums, grad_norms = jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
+        losses, sums, grad_norms, role_norms = jax.tree.map(lambda *xs: jnp.stack(xs),
+                                                            *per_step)
         # losses: [epochs, mini]; the whole-batch objective of an epoch is its sum over minis.
         metric_sums = jax.tree.map(lambda x: x.sum() / epochs, sums)
         metrics = loss_lib.finalize_metrics(metric_sums)
@@ -346,6 +372,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
             "loss": losses.sum(axis=-1).mean(),
             "first_epoch_loss": losses[0].sum(),
             "grad_norm": grad_norms.mean(),
+            **{f"{role}/grad_norm": norms.mean()
+               for role, norms in zip(loss_lib.ROLE_NAMES, role_norms)},
             "skipped_updates": skipped,
             "skipped_updates_total": new_state.skipped_steps,
             "nonfinite_streak": new_state.nonfinite_streak,

@@ -173,7 +173,7 @@ def rl_batches(cfg):
             mock.patch.object(rl_phase.rewards_lib, "reward_metrics", lambda b: {}), \
             mock.patch.object(rl_phase.batch_lib, "matpo_batch",
                               lambda *a, **kw: calls.append(kw) or types.SimpleNamespace(
-                                  batch=None, metrics={})):
+                                  batch=None, metrics={}, advantages={})):
         rl_phase.rl_batch(rt, [], [], [], "loss-config", 1)
     return calls
 
@@ -259,6 +259,10 @@ REACH: dict[str, Reach] = {
         "sft_fraction", "name_words")},
     **{f"rollout.{f.name}": Reach(rollout_engine) for f in dataclasses.fields(RolloutSection)},
     "rollout.max_context": Reach(rollout_engine, 1024),
+    "rollout.worker_max_new_tokens_per_turn": Reach(rollout_engine, 64),
+    "rollout.stop_words": Reach(rollout_engine, ("DONE",)),
+    "rollout.worker_stop_words": Reach(rollout_engine, ("DONE",)),
+    "rollout.worker_temperature": Reach(rl_step, 0.5),  # and the rollout engine
     "tools.search_backend": Reach(tool_clients, "retrieval", REMOTE),
     "tools.search_url": Reach(tool_clients, "http://127.0.0.1:3"),
     "tools.page_url": Reach(tool_clients, "http://127.0.0.1:4"),
@@ -288,7 +292,7 @@ REACH: dict[str, Reach] = {
     **{f"rl.{name}": Reach(rl_step) for name in (
         "eps_low", "eps_high", "dual_clip_c", "loss_agg", "seq_mean_denominator",
         "loss_agg_norm", "kl_type", "entropy_coef", "ppo_mini_batches", "ppo_epochs",
-        "micro_batches")},
+        "micro_batches", "role_grad_norms", "ratio")},
     "rl.kl_coef": Reach(rl_step),
     "rl.norm_by_std": Reach(rl_batches),
     "rl.group_by": Reach(rl_batches),
