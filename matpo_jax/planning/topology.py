@@ -31,6 +31,7 @@ _ALIASES = {"v5litepod": "v5e", "v6litepod": "v6e"}
 # Physical shapes of the usual single slices, by chip count.
 _SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
               256: "16x16"}
+_HOST_CHIPS = (2, 2, 1)  # libtpu's default chips_per_host_bounds
 _SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
               256: "4x8x8", 512: "8x8x8", 1024: "8x8x16"}
 
@@ -71,8 +72,16 @@ class Topology:
         # Off a TPU VM, libtpu would otherwise query the GCE metadata server for the slice.
         os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
         from jax.experimental import topologies
-        return topologies.get_topology_desc(platform="tpu",
-                                            topology_name=self.libtpu_name).devices
+        return topologies.get_topology_desc(platform="tpu", topology_name=self.libtpu_name,
+                                            **self._host_bounds()).devices
+
+    def _host_bounds(self) -> dict:
+        """libtpu lays a slice out in hosts of 2x2x1 chips and refuses a slice that is not a
+        whole number of them (v5e:1x1: a Colab TPU v5e-1 runtime); a slice smaller than a host
+        is one host of its own size."""
+        sides = [int(side) for side in self.shape.split("x")] + [1]
+        bounds = tuple(min(side, host) for side, host in zip(sides, _HOST_CHIPS))
+        return {} if bounds == _HOST_CHIPS else {"chips_per_host_bounds": bounds}
 
 
 def parse_topology(name: str) -> Topology:

@@ -120,3 +120,14 @@ def test_a_mesh_axis_that_splits_a_torus_axis_is_laid_out():
     mesh = parallel.make_mesh(dict(data=1, fsdp=-1, tensor=8), devices=devices)
     assert dict(mesh.shape) == dict(data=1, fsdp=8, tensor=8)
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+
+
+def test_a_one_chip_slice_is_laid_out():
+    """v5e-1 (a Colab TPU v5e runtime's one chip): smaller than libtpu's 2x2 host, which it
+    refuses unless told the host is that one chip."""
+    pytest.importorskip("libtpu", reason="TPU topologies need libtpu: pip install -e .[tpu]")
+    topology = parse_topology("v5e-1")
+    assert (topology.chips, topology.libtpu_name) == (1, "v5e:1x1")
+    devices = topology.devices()
+    assert len(devices) == 1 and devices[0].device_kind == "TPU v5 lite"
+    assert len(parse_topology("v5e-8").devices()) == 8  # whole hosts: laid out as before
