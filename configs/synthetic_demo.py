@@ -26,6 +26,11 @@ def get_config(arg=None):
     # The protocol, not reading: half synthetic_tiny's SFT steps, reading tasks rehearsed on
     # every 4th step instead of copy spans (SFT alone erodes what the warm start can do).
     c.sft.update(steps=1000, lr=2e-3, rehearsal="reading", num_demos=1000)
-    c.rl.update(lr=2e-4)
+    # RL: format credit only with a right answer (an all-wrong group then has no advantage; with
+    # MATPO's rule, format differences among wrong samples dropped a seed's second delegation,
+    # docs/findings.md section 0), 8 questions a step at lr 1e-4 (4 at 2e-4 still lost 2 hops).
+    c.reward.update(format_credit="when_correct")
+    c.data.update(batch_size=8)
+    c.rl.update(lr=1e-4)
     c.train.update(steps=20, eval_every=10, checkpoint_every=10)
     return apply_overrides(c, arg)
