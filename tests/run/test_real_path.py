@@ -53,7 +53,7 @@ def shrink(judge_url: str) -> list[str]:
         "rollout.max_context=2048", "rollout.max_new_tokens_per_turn=4",
         "rollout.final_summary_max_tokens=4", "rollout.max_turns_planner=2",
         "rollout.max_turns_worker=3", "rollout.decode_slots=8", "rollout.reuse_prefixes=false",
-        "rl.pack_len=2048", "rl.pack_rows=8", "tools.max_response_chars=300",
+        "rl.pack_len=2048", "rl.pack_rows=8", "rl.micro_batches=1", "tools.max_response_chars=300",
         "train.steps=2", "train.eval_every=0", "train.checkpoint_every=1",
         "train.async_checkpointing=false", "train.remat=none", "eval.num_questions=2",
         "reward.method=judge", f"reward.judge_url={judge_url}", f"data.manual_dir={FIXTURES}",

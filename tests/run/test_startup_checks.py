@@ -58,9 +58,10 @@ def test_batches_the_host_cannot_hold_are_refused_naming_the_fields():
     cfg = to_typed(load_config_file(TINY, "rl.pack_rows=100000,rl.pack_len=100000,"
                                           "rollout.max_context=1024"), check_files=False)
     need = 100000 * 100000 * PACKED_BYTES_PER_TOKEN
+    # The GiB figure follows PackedBatch's fields (each new field adds 4 bytes a token).
     with pytest.raises(ConfigError, match=r"rl.pack_rows = 100000 x rl.pack_len = 100000: one "
-                                          r"packed batch of 100000 rows needs 372.5 GiB of host "
-                                          r"memory, more than this host's 64.0 GiB"):
+                                          rf"packed batch of 100000 rows needs {need / 2**30:.1f} "
+                                          r"GiB of host memory, more than this host's 64.0 GiB"):
         check_batches_fit_host(cfg, host_bytes=64 * 2**30)
     check_batches_fit_host(cfg, host_bytes=need)  # exactly one batch fits
     sft = to_typed(load_config_file(TINY, "sft.batch_size=10000000"), check_files=False)

@@ -58,8 +58,8 @@ def test_round_bytes_are_the_packed_turns_and_the_extends_reads(split_model, scr
     buckets, lanes = default_buckets(max_len), 1  # the defaults at 3 slots: (16, 64), 1 lane
     flat = flat_widths(slots * max_turn)[0]  # 24: every turn of these shapes fits one width
     control_in = 4 + slots * (1 + 4 + 4 + 4)  # session id, stopped, stop_reason, turn_len, cache_len
-    # num, reset, active, prefix, turn_cap, stream, done
-    control_out = slots * (4 + 1 + 1 + 4 + 4 + 4) + 1
+    # num, reset, active, prefix, turn_cap, stream, sampling profile, done
+    control_out = slots * (4 + 1 + 1 + 4 + 4 + 4 + 4) + 1
     expected = []
     for counts, num in zip(host.turns, host.nums):
         assert counts.sum() <= flat
