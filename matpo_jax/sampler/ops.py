@@ -71,12 +71,7 @@ def truncate_top_p(logits: jax.Array, p: float) -> jax.Array:
     """
     if p >= 1.0:
         return logits
-    descending = -jnp.sort(-logits, axis=-1)
-    probs = jax.nn.softmax(descending, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    num_kept = jnp.sum(mass_before < p, axis=-1, keepdims=True)
-    threshold = jnp.take_along_axis(descending, num_kept - 1, axis=-1)
-    return jnp.where(logits < threshold, _NEG_INF, logits)
+    return _truncate_top_p_rows(logits, p)  # a scalar mass broadcasts over the rows
 
 
 def draw_keys(rng: jax.Array, streams: jax.Array, positions: jax.Array) -> jax.Array:
@@ -158,7 +153,7 @@ def sample_tokens_per_row(logits: jax.Array, keys: jax.Array, profiles: tuple[Sa
 
 
 def _truncate_top_p_rows(logits: jax.Array, p: jax.Array) -> jax.Array:
-    """`truncate_top_p` with one mass per row (p: [B, 1])."""
+    """`truncate_top_p` with one mass per row (p: [B, 1]) or one for all (a scalar)."""
     descending = -jnp.sort(-logits, axis=-1)
     probs = jax.nn.softmax(descending, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
