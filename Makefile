@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
+# Test workers: 2 fit a 2-core, 24 GiB machine (each holds 8 simulated devices and its own runs).
+TEST_WORKERS ?= 2
 PIP_QUIET := --quiet --disable-pip-version-check --progress-bar off
 
 .PHONY: demo test test-tpu env bench clean
@@ -18,7 +20,7 @@ $(STAMP): setup.py
 env: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 # The planning tests that compile for TPU topologies (skipped by `make test`: they need libtpu,
 # ~700 MB, which no TPU-less run needs). Their own environment, so `make test` stays libtpu-free.

@@ -55,19 +55,30 @@ def uses_local_service(cfg: ExperimentConfig, assets) -> bool:
                                                and not tools.page_url)
 
 
-def _cached_eval(rt: Runtime, tag: str, compute):
+def _cached_eval(rt: Runtime, tag: str, compute, *, valid=lambda: True):
     """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
-    one that does not parse (torn by a crash before writes were atomic) is run again.
-    Several processes follow process 0's file (evaluating is collective)."""
+    one that does not parse (torn by a crash before writes were atomic), or that `valid()` says
+    belongs to other parameters, is run again. Several processes follow process 0's file
+    (evaluating is collective)."""
     path = rt.path("eval", f"{tag}.json")
     cached = None
-    if multihost.is_primary() and files.run_path(path).exists():
+    if multihost.is_primary() and files.run_path(path).exists() and valid():
         try:
             cached = json.loads(files.run_path(path).read_text(encoding="utf-8"))
         except ValueError:  # JSONDecodeError, or undecodable bytes
             log.warning("%s does not parse; evaluating again", path)
     cached = multihost.broadcast_object(cached)
     return compute() if cached is None else cached
+
+
+def _finished_at(rt: Runtime) -> int | None:
+    """The RL steps of the run the workdir's summary records as finished (None: no summary, or
+    one from before summaries recorded them)."""
+    path = files.run_path(rt.path(SUMMARY_FILE))
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("rl_steps")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
@@ -139,11 +150,14 @@ def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
         with metrics_lib.MetricsWriter(workdir, enabled=primary, resume_step=resume_step) as writer:
             writer.write_once(0, sft_eval)  # a resumed run has logged it already
             state = run_rl(rt, graphdef, sft_state.params, sft_state.frozen, writer, periodic_fn)
+            # eval/final.json is this run's only if the summary says the run finished at this
+            # step: a finished run extended by train.steps evaluates its new parameters.
             final_eval = _cached_eval(rt, "final",
-                                      lambda: eval_fn(graphdef, model_state(state), "final"))
+                                      lambda: eval_fn(graphdef, model_state(state), "final"),
+                                      valid=lambda: _finished_at(rt) == cfg.train.steps)
             writer.write_once(cfg.train.steps, final_eval)
     summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": files.absolute(workdir),
-               "mode": cfg.rollout.mode}
+               "mode": cfg.rollout.mode, "rl_steps": cfg.train.steps}
     _write_summary(rt, summary)
     if primary:
         plots.plot_run(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))
