@@ -314,7 +314,10 @@ class RLSection(Section):
     # One more forward and backward per optimizer step (docs/METHOD.md section 11).
     role_grad_norms: bool = setting(False, "also log the gradient norm of the planner tokens' "
                                     "and of the worker tokens' share of the loss")
-    pack_rows: int = setting(8, "rows of one packed micro-batch (a fixed shape: one compile)",
+    # The rows grow past pack_rows in buckets with the batch's tokens, and the train step's
+    # memory with rows / micro_batches: raise micro_batches for a large batch.
+    pack_rows: int = setting(8, "the fewest rows of a packed RL batch (more in buckets of "
+                             "pack_rows x 2^k as the rollouts need; each bucket one compile)",
                              range=AT_LEAST_ONE)
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
                             range=AT_LEAST_ONE)
