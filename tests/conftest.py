@@ -26,4 +26,4 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
-                  "fixtures.mesh", "fixtures.compile_cache"]
+                  "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer"]

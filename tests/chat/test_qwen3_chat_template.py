@@ -1,6 +1,6 @@
-"""ChatFormat over a Qwen3-format tokenizer (Qwen3's added-token ids, its chat template): the ids
-equal `apply_chat_template` where the template keeps history as written, and rollout contexts are
-built token-in/token-out where it does not."""
+"""ChatFormat over the real Qwen3 tokenizer and its official chat template (fixtures/
+qwen3_real_tokenizer.py): the ids equal `apply_chat_template` where the template keeps history as
+written, and rollout contexts are built token-in/token-out where it does not."""
 import numpy as np
 import pytest
 
@@ -20,8 +20,8 @@ RESULTS = ["1. Northwind Company (id: doc-northwind)\nIts founder was Alice More
 
 
 @pytest.fixture(scope="module")
-def qwen3_chat(qwen3_tokenizer_dir):
-    return ChatFormat.from_pretrained(qwen3_tokenizer_dir)
+def qwen3_chat(real_qwen3_tokenizer_dir):
+    return ChatFormat.from_pretrained(real_qwen3_tokenizer_dir)
 
 
 def template_ids(chat, messages, **kwargs):
@@ -110,7 +110,9 @@ def test_rollout_context_grows_by_appending_only(qwen3_chat):
     rng = np.random.default_rng(0)
     system = {"role": "system", "content": cf.system_prompt("You are a worker.", TOOLS)}
     user = {"role": "user", "content": "Where was Alice born?"}
-    sampled = [list(rng.integers(0, 151643, 12)) + cf.encode(CALL) + [cf.im_end_id],
+    # " Northwind" spelt letter by letter: ids a model may sample that BPE would never produce.
+    spelt = [i for letter in " Northwind" for i in cf.encode(letter)]
+    sampled = [list(rng.integers(0, 151643, 12)) + spelt + cf.encode(CALL) + [cf.im_end_id],
                list(rng.integers(0, 151643, 9)) + cf.encode(CALL),  # stopped at </tool_call>
                list(rng.integers(0, 151643, 7)) + [cf.im_end_id],
                cf.encode("Conclusion: Lyon.") + [cf.im_end_id]]
