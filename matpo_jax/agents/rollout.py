@@ -11,6 +11,13 @@ tokens to append in place, or frees the slot:
 - a worker runs its own search/open loop, then gets one no-tools final-summary turn; the cleaned,
   truncated summary is the tool response its planner receives;
 - single agents call search/open directly.
+A turn may make several calls (Qwen3's template invites "one or more"): all of them run at once,
+and their answers come back as one user turn with one `<tool_response>` per call, in call order,
+as the template renders consecutive tool messages; search/open calls past
+`max_tool_calls_per_turn` (subagent calls past `max_worker_calls_per_turn`) get an error text.
+A turn ends at `<|im_end|>` or any other eos id of the checkpoint (`ChatFormat.stop_ids`, e.g.
+Qwen3's `<|endoftext|>`, after which the template's `<|im_end|>` is written, untrained), and the
+embedding rows no token has are never sampled (`Sampling.token_count`).
 With `async_tools`, search/open calls run in the background instead: the calling agent gives up
 its slot like a waiting planner, and is queued to decode on once its results are in (slow remote
 tools then stall only their own agents, not the batch). Every sequence starts from the cached
