@@ -116,7 +116,8 @@ def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
         if server is not None:
             log.info("local search service over %s", assets.corpus_path)
         rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets,
-                     chat=run_chat(cfg, assets.chat), toolbox=make_toolbox(cfg.tools, server.url if server else None),
+                     chat=run_chat(cfg, assets.chat),
+                     toolbox=make_toolbox(cfg.tools, server.url if server else None),
                      judge=make_judge(cfg.reward))
         primary = jax.process_index() == 0
         model = build_model(cfg, mesh)

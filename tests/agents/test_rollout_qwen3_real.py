@@ -113,6 +113,12 @@ def test_parallel_calls_all_run_at_once_and_are_answered_in_call_order(delegatin
     first = next(w for w in workers if "birthplace" in chat.decode(w.tokens))
     assert first.tokens[:len(official)] == official
     assert chat.decode(official).count("<tool_response>") == 2
+    # Masks mean what they meant: trained = exactly the sampled ids (one script token and the
+    # turn's <|im_end|> per turn); tool responses and prompts are context only.
+    for agent in batch.rollouts:
+        sampled = [t for t, trained in zip(agent.tokens, agent.trainable) if trained]
+        assert chat.decode(sampled) == "".join(agent.assistant_texts)
+        assert len(sampled) == 2 * agent.num_turns
     stats = rollout_stats(batch.rollouts)
     assert stats["tool_calls_per_turn_max/worker"] == 2.0
     assert stats["tool_calls_per_turn_max/planner"] == 2.0
