@@ -28,7 +28,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
-                  "fixtures.mesh", "fixtures.compile_cache"]
+                  "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer"]
 
 # The whole-run tests, longest first (measured with --durations). `make test` runs the files on 2
 # workers (pytest -n 2 --dist loadfile), which take files in collection order: started first,

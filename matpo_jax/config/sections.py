@@ -27,6 +27,9 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
 
+# Search/open calls one assistant turn may make (tools.max_calls_per_turn's default).
+DEFAULT_TOOL_CALLS_PER_TURN = 4
+
 # ------------------------------------------------------------------------------------------ model
 @dataclasses.dataclass(frozen=True)
 class ArchSection(Section):
@@ -214,6 +217,20 @@ class RolloutSection(Section):
         return problems
 
 
+# ------------------------------------------------------------------------------------------- chat
+@dataclasses.dataclass(frozen=True)
+class ChatSection(Section):
+    """How prompts are written for the model (chat/format.py ChatFormat)."""
+
+    PATH = "chat"
+    # Qwen3's template default. Off, every generation prompt ends with an empty think block
+    # (`<think>\n\n</think>\n\n`), Qwen3's non-thinking mode: the model answers without reasoning
+    # (shorter turns), as `apply_chat_template(..., enable_thinking=False)` asks it to.
+    enable_thinking: bool = setting(True, "the model may reason in <think> before each turn; "
+                                    "False: Qwen3's non-thinking mode (an empty think block after "
+                                    "every generation prompt)")
+
+
 # ------------------------------------------------------------------------------------------ tools
 @dataclasses.dataclass(frozen=True)
 class ToolsSection(Section):
@@ -244,6 +261,11 @@ class ToolsSection(Section):
                                 range=POSITIVE)
     retries: int = setting(2, "extra attempts after the first", range=NON_NEGATIVE)
     max_response_chars: int = setting(2000, "tool output is cut here before entering the context",
+                                      range=AT_LEAST_ONE)
+    # Qwen3 emits parallel calls ("You may call one or more functions"): they run at once, each
+    # answered by its own <tool_response> of one user turn, in call order.
+    max_calls_per_turn: int = setting(DEFAULT_TOOL_CALLS_PER_TURN, "search/open calls one turn "
+                                      "may make; the rest get an error text",
                                       range=AT_LEAST_ONE)
 
 
@@ -463,6 +485,7 @@ class ExperimentConfig:
     mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
     data: DataSection = dataclasses.field(default_factory=DataSection)
     rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+    chat: ChatSection = dataclasses.field(default_factory=ChatSection)
     tools: ToolsSection = dataclasses.field(default_factory=ToolsSection)
     reward: RewardSection = dataclasses.field(default_factory=RewardSection)
     rl: RLSection = dataclasses.field(default_factory=RLSection)

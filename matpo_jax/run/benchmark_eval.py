@@ -35,6 +35,7 @@ import jax
 
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.config import RolloutSection
+from matpo_jax.config.sections import DEFAULT_TOOL_CALLS_PER_TURN
 from matpo_jax.agents.trajectory import WORKER, Rollout
 from matpo_jax.report import files
 from matpo_jax.rl import judge as judge_lib
@@ -171,13 +172,16 @@ def sample_outcomes(rollouts: Sequence[Rollout], num_questions: int, samples: in
 
 
 def rollout_sampler(model_state, graphdef, chat, toolbox, config: RolloutSection, seed: int,
-                    dataset: str) -> RolloutFn:
-    """Rollouts of the model; batch b of a dataset always samples with the same key."""
+                    dataset: str, max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN
+                    ) -> RolloutFn:
+    """Rollouts of the model; batch b of a dataset always samples with the same key.
+    max_tool_calls_per_turn: tools.max_calls_per_turn."""
     salt = zlib.crc32(dataset.encode())
 
     def sample(questions: list[str], batch_index: int) -> Sequence[Rollout]:
         rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), salt), batch_index)
-        return run_rollouts(model_state, graphdef, chat, toolbox, questions, config, rng).rollouts
+        return run_rollouts(model_state, graphdef, chat, toolbox, questions, config, rng,
+                            max_tool_calls_per_turn=max_tool_calls_per_turn).rollouts
 
     return sample
 

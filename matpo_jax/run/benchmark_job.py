@@ -25,6 +25,7 @@ import jax
 from flax import nnx
 
 from matpo_jax.chat import ChatFormat
+from matpo_jax.config.sections import DEFAULT_TOOL_CALLS_PER_TURN
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
@@ -32,7 +33,7 @@ from matpo_jax.report import files
 from matpo_jax.rl.judge import LLMJudge
 from matpo_jax.run import benchmark_eval, benchmark_report
 from matpo_jax.run.runtime import (build_model, judge_config, make_mesh, make_toolbox,
-                                   rollout_config)
+                                   rollout_config, run_chat, tool_calls_per_turn)
 from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.trainer import checkpoint as ckpt_lib
 
@@ -166,11 +167,12 @@ def output_name(name: str, config) -> str:
 
 def evaluate_benchmark(label: str, questions, *, model_state, graphdef, chat, toolbox,
                        rollout_cfg, seed: int, grader, samples: int, out_dir: str,
-                       batch_size: int) -> dict:
+                       batch_size: int,
+                       max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN) -> dict:
     """One dataset's questions rolled out `samples` times, graded and written to `out_dir`
     (resuming what is there); its summary per group (benchmark_report.summarize)."""
     sample = benchmark_eval.rollout_sampler(model_state, graphdef, chat, toolbox, rollout_cfg,
-                                            seed, label)
+                                            seed, label, max_tool_calls_per_turn)
     results = benchmark_eval.evaluate_dataset(questions, sample, grader, samples=samples,
                                               out_dir=out_dir, batch_size=batch_size,
                                               decode=chat.decode)
@@ -195,7 +197,8 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
     if tokenizer is None or any(name == loader_lib.SYNTHETIC for name, _ in specs):
         # a model trained here on the synthetic world speaks the world's tokenizer
         world_assets = world_assets_lib.prepare_world(cfg, data_dir)
-    chat = ChatFormat.from_pretrained(tokenizer) if tokenizer else world_assets.chat
+    chat = run_chat(cfg, ChatFormat.from_pretrained(tokenizer) if tokenizer
+                    else world_assets.chat)
     questions = {(name, config): load_questions(cfg, name, config, options, data_dir)
                  for name, config in specs}
     grader = make_grader(cfg, options)
@@ -224,7 +227,7 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
                 label, qs, model_state=model_state, graphdef=graphdef, chat=chat,
                 toolbox=toolbox, rollout_cfg=rollout_cfg, seed=cfg.train.seed, grader=grader,
                 samples=options.samples, out_dir=os.path.join(options.workdir, label),
-                batch_size=batch_size)
+                batch_size=batch_size, max_tool_calls_per_turn=tool_calls_per_turn(cfg))
     if jax.process_index() == 0:
         header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}; "
                   f"mode: {rollout_cfg.mode}; samples: {options.samples}; temperature: "

@@ -24,7 +24,8 @@ from matpo_jax.config import EvalSection
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.parallel import multihost
 from matpo_jax.rl import rewards as rewards_lib
-from matpo_jax.run.runtime import Runtime, reward_config, rng_for, rollout_config
+from matpo_jax.run.runtime import (Runtime, reward_config, rng_for, rollout_config,
+                                   tool_calls_per_turn)
 
 SAMPLES_SHOWN = 3
 
@@ -56,7 +57,8 @@ def evaluate(rt: Runtime, graphdef, model_state, *, tag: str, records=None, pref
     local_state = multihost.to_local(model_state, multihost.local_mesh(rt.mesh))
     batch = run_rollouts(local_state, graphdef, rt.chat, rt.toolbox, questions,
                          rollout_config(rt.cfg, evaluation=True), rng_for(rt.cfg.train.seed, 2),
-                         question_offset=start)
+                         question_offset=start,
+                         max_tool_calls_per_turn=tool_calls_per_turn(rt.cfg))
     del local_state
     breakdowns = rewards_lib.rollout_rewards(batch.rollouts, [r["answer"] for r in records],
                                              reward_config(rt.cfg), questions=questions,

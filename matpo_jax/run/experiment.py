@@ -30,7 +30,8 @@ from matpo_jax.report.files import write_json_atomic
 from matpo_jax.run import eval_curve, startup_checks
 from matpo_jax.run.run_eval import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
-from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
+from matpo_jax.run.runtime import (Runtime, build_model, make_judge, make_mesh, make_toolbox,
+                                   run_chat)
 from matpo_jax.run.sft import run_sft
 from matpo_jax.run.workdir_lock import workdir_lock
 from matpo_jax.tools.search_server import SearchServer
@@ -125,7 +126,8 @@ def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
                   if uses_local_service(cfg, assets) else None)
         if server is not None:
             log.info("local search service over %s", assets.corpus_path)
-        rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets, chat=assets.chat,
+        rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets,
+                     chat=run_chat(cfg, assets.chat),
                      toolbox=make_toolbox(cfg.tools, server.url if server else None),
                      judge=make_judge(cfg.reward))
         primary = jax.process_index() == 0

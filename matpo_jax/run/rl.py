@@ -37,7 +37,7 @@ from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import step as step_lib
 from matpo_jax.run.runtime import (Runtime, loop_config, optimizer_config, reward_config,
-                                   rng_for, rollout_config, step_config)
+                                   rng_for, rollout_config, step_config, tool_calls_per_turn)
 
 log = logging.getLogger(__name__)
 CONSUMED_FILE = "consumed.jsonl"
@@ -152,7 +152,8 @@ class _RLSteps:
         sampler_state = multihost.to_local(model_state(state), self.sampler_mesh)
         rollout_batch = run_rollouts(sampler_state, self.loop.graphdef, rt.chat, rt.toolbox,
                                      questions, self.rcfg, rng_for(cfg.train.seed, 1, step),
-                                     question_offset=share.start)
+                                     question_offset=share.start,
+                                     max_tool_calls_per_turn=tool_calls_per_turn(cfg))
         del sampler_state
         t1 = time.perf_counter()
         batch, metrics = rl_batch(rt, rollout_batch.rollouts, answers, questions, self.scfg.loss,

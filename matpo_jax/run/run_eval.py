@@ -20,7 +20,7 @@ from matpo_jax.data import loader as loader_lib
 from matpo_jax.report.files import write_json_atomic
 from matpo_jax.run import benchmark_job, benchmark_report
 from matpo_jax.run.evaluation import evaluate
-from matpo_jax.run.runtime import Runtime, rollout_config
+from matpo_jax.run.runtime import Runtime, rollout_config, tool_calls_per_turn
 
 
 def evaluate_run(rt: Runtime, graphdef, model_state, *, tag: str,
@@ -55,7 +55,8 @@ def _benchmark_metrics(rt: Runtime, graphdef, model_state, tag: str, names) -> d
         summary = benchmark_job.evaluate_benchmark(
             name, questions, model_state=model_state, graphdef=graphdef, chat=rt.chat,
             toolbox=rt.toolbox, rollout_cfg=rollout_cfg, seed=cfg.train.seed, grader=grader,
-            samples=1, out_dir=f"{out_dir}/{name}", batch_size=cfg.rollout.decode_slots)
+            samples=1, out_dir=f"{out_dir}/{name}", batch_size=cfg.rollout.decode_slots,
+            max_tool_calls_per_turn=tool_calls_per_turn(cfg))
         summaries[name] = summary
         metrics.update(_summary_metrics(name, summary[benchmark_report.ALL]))
     if jax.process_index() == 0:
