@@ -36,8 +36,8 @@ pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.r
 LONGEST_FIRST = ("run/test_multiprocess.py", "run/test_end_to_end.py",
                  "notebooks/test_notebook_runs.py", "run/test_real_path.py",
                  "trainer/test_training_fault_injection.py", "run/test_gcs_workdir.py",
-                 "run/test_pretrain.py", "agents/test_rollout_e2e.py", "agents/test_rollout_qwen3_real.py",
-                 "run/test_evaluate_cli.py")
+                 "run/test_pretrain.py", "agents/test_rollout_e2e.py",
+                 "agents/test_rollout_qwen3_real.py", "run/test_evaluate_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
