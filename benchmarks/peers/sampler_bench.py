@@ -89,15 +89,22 @@ def markdown(result):
         f"{s['repeats']} interleaved repeats after a warm-up (compile excluded; first-call "
         "seconds listed separately). First token = the same call with 1 new token.",
         "",
-        "| model | batch | mode | ours tok/s | tunix tok/s | speed-up | ours first token ms | "
+        "Speed-up = tunix time / ours, of the medians; 'best of' = of the fastest repeats; "
+        "'range' = the per-repeat ratios (a repeat's two runs back to back), which show the noise.",
+        "",
+        "| model | batch | mode | ours tok/s | tunix tok/s | speed-up | best of | range | "
+        "ours first token ms | "
         "tunix first token ms | ours decode ms/step | tunix decode ms/step | first call s "
         "(ours / tunix) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
+        ours, tunix = r["seconds"]["ours"], r["seconds"]["tunix"]
+        per_repeat = [t / o for o, t in zip(ours["all"], tunix["all"])]
         lines.append(
             f"| {r['size']} | {r['batch']} | {r['mode']} | {r['ours_tok_s']:,.0f} | "
-            f"{r['tunix_tok_s']:,.0f} | {r['speedup']:.2f}x | {r['ours_first_token_ms']:.1f} | "
+            f"{r['tunix_tok_s']:,.0f} | {r['speedup']:.2f}x | {tunix['min'] / ours['min']:.2f}x | "
+            f"{min(per_repeat):.2f}-{max(per_repeat):.2f} | {r['ours_first_token_ms']:.1f} | "
             f"{r['tunix_first_token_ms']:.1f} | {r['ours_decode_ms_per_step']:.2f} | "
             f"{r['tunix_decode_ms_per_step']:.2f} | {r['first_call_s']['ours']:.1f} / "
             f"{r['first_call_s']['tunix']:.1f} |")
