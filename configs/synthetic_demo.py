@@ -33,7 +33,7 @@ def get_config(arg=None):
     c.data.update(batch_size=8)
     # 8 micro-batches: the packed batch grows with the rollouts (64-128 rows of 1,024 tokens
     # here), and as one micro-batch its attention alone held ~9 GB (10.7 GB peak RSS); in 8 the
-    # peak is ~2 GB and the step faster. Same update up to float rounding (METHOD section 9).
+    # peak is ~2 GB (benchmarks/micro_batch_memory.py). Same update up to float rounding.
     c.rl.update(lr=1e-4, micro_batches=8)
     c.train.update(steps=20, eval_every=10, checkpoint_every=10)
     return apply_overrides(c, arg)
