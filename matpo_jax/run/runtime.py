@@ -100,11 +100,11 @@ def make_toolbox(tools: ToolsSection, local_url: str) -> tools_lib.ToolBox:
 
 # ------------------------------------------------------------------------------ optimizer, loss
 def loss_config(rl: RLSection) -> loss_lib.LossConfig:
-    return loss_lib.LossConfig(
-        aggregation=rl.loss_agg, seq_denominator=rl.seq_mean_denominator,
-        norm_constant=rl.loss_agg_norm or None, eps_low=rl.eps_low, eps_high=rl.eps_high,
-        dual_clip=rl.dual_clip_c, kl_coef=rl.kl_coef, kl_type=rl.kl_type,
-        entropy_coef=rl.entropy_coef, ratio=rl.ratio)
+    """The loss's knobs are the rl fields of the same names (its internal fields keep theirs)."""
+    knobs = {f.name for f in dataclasses.fields(rl)}
+    return loss_lib.LossConfig(**{f.name: getattr(rl, f.name)
+                                  for f in dataclasses.fields(loss_lib.LossConfig)
+                                  if f.name in knobs})
 
 
 # rl.schedule -> the optimizer's schedule (each with rl.warmup_steps of linear warmup first).

@@ -67,7 +67,7 @@ class OptimizerConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainStepConfig:
     objective: str = "rl"  # rl | sft
-    loss: loss_lib.LossConfig = loss_lib.LossConfig()
+    loss: loss_lib.LossConfig = dataclasses.field(kw_only=True)  # required: no default loss
     micro_batches: int = 1  # gradient accumulation steps per optimizer step
     ppo_mini_batches: int = 1  # optimizer steps per epoch over the RL batch
     ppo_epochs: int = 1  # passes over the RL batch
