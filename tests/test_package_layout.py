@@ -1,7 +1,9 @@
 """The package keeps the shape issue 12 set (measured by benchmarks/code_shape.py): at most seven
 modules at the top level of matpo_jax/ (the entry points; the seventh, pretrain, builds the warm
 start), no import cycles (imports inside functions count), and no library module importing run/ or
-an entry point; and docs/ARCHITECTURE.md's layout block names exactly the modules there are."""
+an entry point; trainer/ and agents/ import neither other (the trainer's input is TrainSequence);
+and docs/ARCHITECTURE.md's layout block names exactly the modules there are."""
+import ast
 import importlib.util
 import os
 import re
@@ -22,6 +24,18 @@ def test_top_level_cycles_and_library_imports():
     assert len(shape["top_level_modules"]) <= 7, shape["top_level_modules"]
     assert shape["import_cycles"] == []
     assert shape["library_imports_of_run_level"] == []
+
+
+def test_the_trainer_sees_train_sequences_not_rollouts():
+    # rl/batch.py turns rollouts into TrainSequences: trainer/ and agents/ import neither other.
+    shape = _code_shape()
+    mods = shape.modules(REPO)
+    for package, other in (("trainer", "agents"), ("agents", "trainer")):
+        imports = {f"{m} -> {d}" for m, path in mods.items() if m.startswith(f"matpo_jax.{package}")
+                   for d in shape.imported(ast.parse(open(path).read()), m, set(mods),
+                                           path.endswith("__init__.py"))
+                   if d.startswith(f"matpo_jax.{other}")}
+        assert not imports, sorted(imports)
 
 
 def test_the_measure_sees_a_cycle_and_an_upward_import(tmp_path):
