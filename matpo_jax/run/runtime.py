@@ -127,8 +127,9 @@ def optimizer_config(cfg: ExperimentConfig, phase: str) -> step_lib.OptimizerCon
     return step_lib.OptimizerConfig(optimizer=rl.optimizer, learning_rate=rl.lr, schedule=schedule,
                                     warmup_steps=rl.warmup_steps,
                                     decay_steps=max(1, updates - rl.warmup_steps),
-                                    end_lr_ratio=0.0, weight_decay=rl.weight_decay, b1=rl.adam_b1,
-                                    b2=rl.adam_b2, grad_clip=rl.grad_clip)
+                                    end_lr_ratio=0.0, weight_decay=rl.weight_decay,
+                                    adam_b1=rl.adam_b1, adam_b2=rl.adam_b2,
+                                    grad_clip=rl.grad_clip)
 
 
 def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
