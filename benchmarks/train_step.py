@@ -26,12 +26,15 @@ import numpy as np
 from flax import nnx
 
 from matpo_jax import parallel
+from matpo_jax.config import RLSection
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as ts
 from matpo_jax.rl.advantages import group_advantages
+from matpo_jax.run.runtime import loss_config
 
 RESULTS = Path(__file__).parent / "results"
+LOSS = loss_config(RLSection())  # the default experiment's loss
 ROWS_PER_MICRO = 0  # set from --rows-per-micro
 MODEL_30M = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=7,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=64)
@@ -111,7 +114,7 @@ class Layout:
         micro = max(1, rows // max(1, ROWS_PER_MICRO)) if ROWS_PER_MICRO else 1
         while rows % micro:
             micro += 1
-        config = ts.TrainStepConfig(micro_batches=micro)
+        config = ts.TrainStepConfig(micro_batches=micro, loss=LOSS)
         graphdef, self.state, shardings = ts.init_train_state(model, tx, mesh)
         step = ts.make_train_step(graphdef, tx, config, mesh, shardings)
         self.device_batch = jax.device_put(batch, parallel.batch_sharding(mesh))
@@ -179,8 +182,9 @@ def main():
 
     seqs = length_mix(args.planners, config.vocab_size, args.seed, scale)
     longest = max(map(len, seqs))
-    packed = packing.pack_sequences(seqs, 2 * packing.round_up(longest, 128), row_len_multiple=128)
-    padded = packing.pad_sequences(seqs, packing.round_up(longest, 128))
+    packed = packing.pack_sequences(seqs, 2 * packing.round_up(longest, 128), row_len_multiple=128,
+                                    loss_config=LOSS)
+    padded = packing.pad_sequences(seqs, packing.round_up(longest, 128), loss_config=LOSS)
     print(f"{total_params / 1e6:.1f}M params, {len(seqs)} sequences "
           f"({args.planners} planners), {sum(map(len, seqs))} tokens; load {load_start}",
           flush=True)

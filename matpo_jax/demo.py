@@ -43,14 +43,8 @@ def results_table(sft_eval: dict, final_eval: dict) -> str:
 @config_lib.one_line_errors
 def main(argv):
     del argv
-    cfg = config_lib.config_from_flags(_RUN.config)
-    workdir = config_lib.check_workdir(_RUN.workdir.value)
-    config_lib.check_resume(cfg, workdir, _RUN.allow_config_change.value)
-    from matpo_jax.report import logs
-    logs.configure(verbose=_RUN.verbose.value)
-    import jax
-
-    cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())
+    _, workdir = _RUN.checked_start()
+    cfg = _RUN.config_for_devices()
     from matpo_jax.run.experiment import run_experiment
 
     start = time.time()

@@ -27,13 +27,8 @@ def main(argv):
     del argv
     # The config may already name the warm start this command (re)builds: its directory and hash
     # are not checked (the model is built from model.arch).
-    cfg = config_lib.config_from_flags(_RUN.config, check_files=False)
-    workdir = config_lib.check_workdir(_RUN.workdir.value)
-    from matpo_jax.report import logs
-    logs.configure(verbose=_RUN.verbose.value)
-    import jax
-
-    cfg = config_lib.config_from_flags(_RUN.config, jax.device_count(), check_files=False)
+    _, workdir = _RUN.checked_start(check_files=False, resume_check=False)
+    cfg = _RUN.config_for_devices(check_files=False)
     from matpo_jax.run.pretrain import run_pretrain
     summary = run_pretrain(cfg, workdir, _OUT.value,
                            command=" ".join(["python -m matpo_jax.pretrain", *sys.argv[1:]]))

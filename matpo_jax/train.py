@@ -48,11 +48,7 @@ _INIT_TIMEOUT = flags.DEFINE_float(
 def main(argv):
     del argv
     # Everything that can be checked without jax first: a bad command line fails in a second.
-    cfg = config_lib.config_from_flags(_RUN.config)
-    workdir = config_lib.check_workdir(_RUN.workdir.value)
-    config_lib.check_resume(cfg, workdir, _RUN.allow_config_change.value)
-    from matpo_jax.report import logs
-    logs.configure(verbose=_RUN.verbose.value)
+    _, workdir = _RUN.checked_start()
     from matpo_jax import parallel
     if _MULTIHOST.value or _COORDINATOR.value:
         try:
@@ -62,9 +58,7 @@ def main(argv):
                 initialization_timeout_s=_INIT_TIMEOUT.value)
         except ValueError as error:  # a flag combination that cannot start
             raise config_lib.ConfigError(str(error)) from None
-    import jax
-
-    cfg = config_lib.config_from_flags(_RUN.config, jax.device_count())  # + the mesh check
+    cfg = _RUN.config_for_devices()
     if _CHECK_FIT.value:  # an impossible config stops here, not in an OOM after SFT
         from matpo_jax.planning.fit import summary as fit_summary
         from matpo_jax.run.fit_check import check_config_fits

@@ -1,9 +1,12 @@
 """The package keeps the shape issue 12 set (measured by benchmarks/code_shape.py): at most seven
 modules at the top level of matpo_jax/ (the entry points; the seventh, pretrain, builds the warm
 start), no import cycles (imports inside functions count), and no library module importing run/ or
-an entry point."""
+an entry point; trainer/ and agents/ import neither other (the trainer's input is TrainSequence);
+and docs/ARCHITECTURE.md's layout block names exactly the modules there are."""
+import ast
 import importlib.util
 import os
+import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,6 +26,18 @@ def test_top_level_cycles_and_library_imports():
     assert shape["library_imports_of_run_level"] == []
 
 
+def test_the_trainer_sees_train_sequences_not_rollouts():
+    # rl/batch.py turns rollouts into TrainSequences: trainer/ and agents/ import neither other.
+    shape = _code_shape()
+    mods = shape.modules(REPO)
+    for package, other in (("trainer", "agents"), ("agents", "trainer")):
+        imports = {f"{m} -> {d}" for m, path in mods.items() if m.startswith(f"matpo_jax.{package}")
+                   for d in shape.imported(ast.parse(open(path).read()), m, set(mods),
+                                           path.endswith("__init__.py"))
+                   if d.startswith(f"matpo_jax.{other}")}
+        assert not imports, sorted(imports)
+
+
 def test_the_measure_sees_a_cycle_and_an_upward_import(tmp_path):
     # The checks above can fail: a package with both defects is reported.
     pkg = tmp_path / "matpo_jax"
@@ -36,3 +51,43 @@ def test_the_measure_sees_a_cycle_and_an_upward_import(tmp_path):
     shape = _code_shape().measure(str(tmp_path))
     assert shape["import_cycles"] == [["matpo_jax.lib.a", "matpo_jax.lib.b"]]
     assert shape["library_imports_of_run_level"] == ["matpo_jax.lib.b -> matpo_jax.run.job"]
+
+
+def _layout_block() -> str:
+    with open(os.path.join(REPO, "docs", "ARCHITECTURE.md")) as f:
+        section = f.read().split("\n## Layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def layout_modules(block: str) -> set[str]:
+    """The modules a layout block names, as paths under matpo_jax/: a line `  pkg/  ...` opens a
+    package, its deeper-indented lines continue it, and the `x.py` on them are its modules; an
+    indented line that opens no package names top-level modules; unindented lines none."""
+    named, package = set(), None
+    for line in block.splitlines():
+        opened = re.match(r"^  (\w+)/", line)
+        if opened:
+            package = opened.group(1) + "/"
+        elif re.match(r"^  \S", line):
+            package = ""
+        elif not line.startswith("   "):
+            package = None
+        if package is not None:
+            named |= {package + name + ".py" for name in re.findall(r"\b(\w+)\.py\b", line)}
+    return named
+
+
+def test_the_architecture_layout_names_every_module_and_only_those():
+    root = os.path.join(REPO, "matpo_jax")
+    actual = {os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root)
+              for f in files if f.endswith(".py") and f != "__init__.py"}
+    named = layout_modules(_layout_block())
+    assert not actual - named, f"modules missing from the layout: {sorted(actual - named)}"
+    assert not named - actual, f"the layout names modules that do not exist: {sorted(named - actual)}"
+
+
+def test_the_layout_reader_sees_packages_continuations_and_top_level():
+    # So the check above can fail: modules named per package, top level and continuations apart.
+    block = ("matpo_jax/\n  a.py b.py\n               entry points\n"
+             "  pkg/      c.py (a note),\n               d.py\nconfigs/ e.py\n")
+    assert layout_modules(block) == {"a.py", "b.py", "pkg/c.py", "pkg/d.py"}

@@ -26,6 +26,7 @@ from absl import flags
 from matpo_jax.config.configdict import apply_overrides, groups, schema, unknown_field_message
 from matpo_jax.config.errors import ConfigError
 from matpo_jax.config.files import load_config_file
+from matpo_jax.config.resume import check_resume
 from matpo_jax.config.sections import ExperimentConfig
 from matpo_jax.config.validation import to_typed
 from matpo_jax.report.files import run_path
@@ -49,6 +50,24 @@ class RunFlags:
     workdir: flags.FlagHolder
     verbose: flags.FlagHolder
     allow_config_change: flags.FlagHolder
+
+    def checked_start(self, *, check_files: bool = True,
+                      resume_check: bool = True) -> tuple[ExperimentConfig, str]:
+        """The config and the workdir (created), with everything checked that needs no jax, so a
+        bad command line fails in a second: the config, the workdir, and (resume_check) the
+        changes a rerun makes to a saved run; then the log level of --verbose."""
+        cfg = config_from_flags(self.config, check_files=check_files)
+        workdir = check_workdir(self.workdir.value)
+        if resume_check:
+            check_resume(cfg, workdir, self.allow_config_change.value)
+        from matpo_jax.report import logs  # its third-party imports wait for a valid command
+        logs.configure(verbose=self.verbose.value)
+        return cfg, workdir
+
+    def config_for_devices(self, *, check_files: bool = True) -> ExperimentConfig:
+        """The config checked once more, now against the devices jax sees (the mesh)."""
+        import jax  # after checked_start: jax starts only for a valid command line
+        return config_from_flags(self.config, jax.device_count(), check_files=check_files)
 
 
 _CONFIG_FLAGS: dict[tuple[int, str], ConfigFlag] = {}

@@ -3,11 +3,12 @@
   rollouts (planners / single agents and their workers) + rewards of the planners
     -> group advantages per planner (rl/advantages.py: the G planner samples of a question form a
        group; a worker inherits its planner's scalar A_i)
-    -> one TrainSequence per rollout, A_i on every trained token of the planner and of each of its
-       workers, role id 0 (planner / single) or 1 (worker)
+    -> one TrainSequence per rollout (`sequences_from_rollouts`: the seam, the trainer's input
+       type; the trainer never sees a Rollout), A_i on every trained token of the planner and of
+       each of its workers, role id 0 (planner / single) or 1 (worker)
     -> per-token aggregation weights over the WHOLE batch (trainer/loss.py), so micro-batching and
        data parallelism leave the loss and its gradient unchanged
-    -> rows packed first-fit-decreasing, sequences with no gradient left out (their weights still
+    -> rows packed first-fit-decreasing (trainer/packing.py), sequences with no gradient left out (their weights still
        count in everyone else's normaliser), the row count bucketed to few shapes.
 
 In a multi-process run each process builds this from its own questions' rollouts (groups are
@@ -22,11 +23,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from matpo_jax.agents.trajectory import Rollout
+from matpo_jax.agents.trajectory import ROLE_IDS, WORKER, Rollout
 from matpo_jax.rl import advantages as adv_lib
 from matpo_jax.trainer import packing
 from matpo_jax.trainer.loss import LossConfig
 from matpo_jax.trainer.packing import PackedBatch
+from matpo_jax.trainer.setwise import NO_SET
 
 
 @dataclasses.dataclass
@@ -36,13 +38,43 @@ class MatpoBatch:
     metrics: dict[str, float]  # trained_sequence_frac, packing_efficiency, packed_rows
 
 
-def bucket_rows(needed: int, minimum: int, multiple: int) -> int:
-    """Row count of a packed RL batch: powers of two above `minimum`, so a run compiles a few
-    shapes, however much the rollouts' total length varies from step to step."""
-    rows = max(minimum, multiple)
-    while rows < needed:
-        rows *= 2
-    return packing.round_up(rows, multiple)
+def sequences_from_rollouts(rollouts: Sequence[Rollout], advantages: Mapping[int, float],
+                            with_sets: bool = False) -> list[packing.TrainSequence]:
+    """TrainSequences for every rollout, each carrying its scalar advantage (and with_sets: the
+    setwise ratio's set of each token, trainer/setwise.py)."""
+    seqs = []
+    for r in rollouts:
+        if not (len(r.tokens) == len(r.trainable) == len(r.logprobs)):
+            raise packing.PackingError(
+                f"rollout {r.rollout_id}: {len(r.tokens)} tokens, {len(r.trainable)} trainable "
+                f"flags, {len(r.logprobs)} log-probs")
+        seqs.append(packing.TrainSequence(
+            tokens=np.asarray(r.tokens, np.int32),
+            trainable=np.asarray(r.trainable, bool),
+            old_logprobs=np.asarray(r.logprobs, np.float32),
+            advantage=float(advantages[r.rollout_id]),
+            role_id=ROLE_IDS[r.role],
+            rollout_id=r.rollout_id,
+            group_id=r.parent_id if r.role == WORKER else r.rollout_id,
+            set_turns=set_turns(r) if with_sets else None,
+        ))
+    return seqs
+
+
+def set_turns(rollout: Rollout) -> np.ndarray:
+    """int32 [L]: the planner turn each token's set belongs to (-1: in no set). A planner's (or
+    single agent's) t-th run of sampled tokens is turn t (the engine always writes a block
+    between two turns); every token of a worker is in its spawning turn's set."""
+    length = len(rollout.tokens)
+    if rollout.role == WORKER:
+        if rollout.spawn_turn is None:
+            raise ValueError(f"worker rollout {rollout.rollout_id} has no spawn_turn: the "
+                             "setwise ratio (rl.ratio=setwise) needs the planner turn that "
+                             "spawned it")
+        return np.full(length, rollout.spawn_turn, np.int32)
+    trainable = np.asarray(rollout.trainable, bool)
+    starts = trainable & ~np.concatenate([[False], trainable[:-1]])
+    return np.where(trainable, np.cumsum(starts) - 1, NO_SET).astype(np.int32)
 
 
 def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
@@ -71,7 +103,7 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
     set_classes = set_classes if setwise else None
     advantages = adv_lib.assign_advantages(rollouts, rewards, group_by=group_by,
                                            norm_by_std=norm_by_std)
-    seqs = packing.sequences_from_rollouts(rollouts, advantages, with_sets=setwise)
+    seqs = sequences_from_rollouts(rollouts, advantages, with_sets=setwise)
     trained = packing.trained_indices(seqs, loss_config)  # groups that all scored alike drop out
     needed = packing.rows_needed(seqs, trained, pack_len, set_classes)
     totals = None
@@ -80,7 +112,7 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
         gathered = gather(np.concatenate([local.as_row(), [needed]]))
         totals = type(local).sum(gathered[:, :-1])
         needed = int(gathered[:, -1].max())
-    rows = bucket_rows(needed, min_rows, row_multiple)
+    rows = packing.bucket_rows(needed, min_rows, row_multiple)
     batch = packing.pack_sequences(seqs, pack_len, row_multiple=row_multiple, rows=rows,
                                    loss_config=loss_config, drop_inert=True, totals=totals,
                                    set_classes=set_classes)

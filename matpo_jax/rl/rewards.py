@@ -22,7 +22,7 @@ import numpy as np
 
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 from matpo_jax.rl.judge import CORRECT, LLMJudge
-from matpo_jax.chat import answer_text, extract_boxed  # noqa: F401  (extract_boxed: re-exported)
+from matpo_jax.chat import answer_text, extract_boxed
 from matpo_jax.config.sections import FORMAT_CREDITS, RewardSection, RolloutSection
 
 ACCURACY_METHODS = ("exact", "f1", "judge")
@@ -40,7 +40,7 @@ class RewardConfig:
     mode: str  # matpo | single (rollout.mode)
     f1_threshold: float  # reward.f1_threshold
     method: str  # exact | f1 | judge (reward.method)
-    format_credit: str = "always"  # always | when_correct | off (reward.format_credit)
+    format_credit: str  # always | when_correct | off (reward.format_credit)
 
     def __post_init__(self):
         if self.format_credit not in FORMAT_CREDITS:
@@ -61,7 +61,7 @@ def default_reward_config() -> RewardConfig:
 
 
 # ----------------------------------------------------------------------------- answer extraction
-# extract_boxed (re-exported): the chat format's parser, so rollouts and rewards agree on answers.
+# extract_boxed is the chat format's parser, so rollouts and rewards agree on answers.
 
 def final_answer(rollout: Rollout) -> str | None:
     """The last boxed answer over the rollout's own sampled turns (latest turn wins), read

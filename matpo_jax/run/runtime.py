@@ -100,11 +100,11 @@ def make_toolbox(tools: ToolsSection, local_url: str) -> tools_lib.ToolBox:
 
 # ------------------------------------------------------------------------------ optimizer, loss
 def loss_config(rl: RLSection) -> loss_lib.LossConfig:
-    return loss_lib.LossConfig(
-        aggregation=rl.loss_agg, seq_denominator=rl.seq_mean_denominator,
-        norm_constant=rl.loss_agg_norm or None, eps_low=rl.eps_low, eps_high=rl.eps_high,
-        dual_clip=rl.dual_clip_c, kl_coef=rl.kl_coef, kl_type=rl.kl_type,
-        entropy_coef=rl.entropy_coef, ratio=rl.ratio)
+    """The loss's knobs are the rl fields of the same names (its internal fields keep theirs)."""
+    knobs = {f.name for f in dataclasses.fields(rl)}
+    return loss_lib.LossConfig(**{f.name: getattr(rl, f.name)
+                                  for f in dataclasses.fields(loss_lib.LossConfig)
+                                  if f.name in knobs})
 
 
 # rl.schedule -> the optimizer's schedule (each with rl.warmup_steps of linear warmup first).
@@ -127,8 +127,9 @@ def optimizer_config(cfg: ExperimentConfig, phase: str) -> step_lib.OptimizerCon
     return step_lib.OptimizerConfig(optimizer=rl.optimizer, learning_rate=rl.lr, schedule=schedule,
                                     warmup_steps=rl.warmup_steps,
                                     decay_steps=max(1, updates - rl.warmup_steps),
-                                    end_lr_ratio=0.0, weight_decay=rl.weight_decay, b1=rl.adam_b1,
-                                    b2=rl.adam_b2, grad_clip=rl.grad_clip)
+                                    end_lr_ratio=0.0, weight_decay=rl.weight_decay,
+                                    adam_b1=rl.adam_b1, adam_b2=rl.adam_b2,
+                                    grad_clip=rl.grad_clip)
 
 
 def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:

@@ -28,21 +28,24 @@ LOG_RATIO_LIMIT = 20.0  # clip log(rho) before exp so a stale token cannot overf
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    aggregation: str = "token-mean"
+    """The objective's settings. The knobs are the `rl` config fields of the same names (built
+    by run.runtime.loss_config); their defaults are declared there only, so here they have none."""
+
+    loss_agg: str  # one of AGGREGATION_MODES
     # seq-mean modes divide by the number of non-empty sequences (veRL) or, as the reference MATPO
     # release does, by the number of planner rollouts.
-    seq_denominator: str = "sequences"
-    norm_constant: float | None = None  # seq-mean-token-sum-norm; None -> padded row length
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float = 3.0
-    kl_coef: float = 0.0  # > 0 needs batch.ref_logprobs
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    entropy_metrics: bool = True  # costs one more pass over the vocabulary
+    seq_mean_denominator: str
+    loss_agg_norm: float  # seq-mean-token-sum-norm's divisor; 0 -> the padded row length
+    eps_low: float
+    eps_high: float
+    dual_clip_c: float
+    kl_coef: float  # > 0 needs batch.ref_logprobs
+    kl_type: str
+    entropy_coef: float
     # token: one ratio per token (PPO); setwise (SRPO): one ratio per set of a planner turn and
     # the workers it spawned, exp(sum of its tokens' log-ratios / sqrt(K)) (trainer/setwise.py).
-    ratio: str = "token"
+    ratio: str
+    entropy_metrics: bool = True  # costs one more pass over the vocabulary
     # Internal, setwise: rows are dealt to micro-batches by row % set_row_stride (the train
     # step's mini x micro batches), so a set's rows lie set_row_stride apart per micro-batch row.
     set_row_stride: int = 1
@@ -51,10 +54,10 @@ class LossConfig:
     weight_role: int | None = None
 
     def __post_init__(self):
-        for field, value, allowed in (("aggregation", self.aggregation, AGGREGATION_MODES),
-                                      ("seq_denominator", self.seq_denominator, SEQ_DENOMINATORS),
-                                      ("kl_type", self.kl_type, KL_TYPES),
-                                      ("ratio", self.ratio, RATIOS)):
+        for field, allowed in (("loss_agg", AGGREGATION_MODES),
+                               ("seq_mean_denominator", SEQ_DENOMINATORS),
+                               ("kl_type", KL_TYPES), ("ratio", RATIOS)):
+            value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LossConfig.{field}={value!r}, expected one of {allowed}")
 
@@ -226,10 +229,10 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
         set_log_ratio = setwise.set_log_ratios(logp - batch.old_logprobs, mask, batch,
                                                config.set_row_stride)
         pg, is_clipped = clipped_surrogate(set_log_ratio, 0.0, batch.advantages,
-                                           config.eps_low, config.eps_high, config.dual_clip)
+                                           config.eps_low, config.eps_high, config.dual_clip_c)
     else:
         pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
-                                           config.eps_low, config.eps_high, config.dual_clip)
+                                           config.eps_low, config.eps_high, config.dual_clip_c)
     per_token = pg
     values = {"pg_loss": pg, "clip_frac": is_clipped.astype(jnp.float32),
               "advantage": batch.advantages}

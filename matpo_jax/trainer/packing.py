@@ -1,5 +1,9 @@
 """Packing planner and worker sequences into fixed-shape training rows.
 
+The trainer's input is `TrainSequence` (tokens, trainable flags, old log-probs, one advantage,
+role and group ids): rl/batch.py makes them from scored rollouts, SFT and the warm starts from
+their demonstrations, so nothing here knows what a rollout is.
+
 Rollouts have wildly different lengths (a planner ~1k tokens, its workers a few hundred), so one
 sequence per row wastes most of the compute on padding. `pack_sequences` places several sequences
 in one row (first-fit-decreasing), marks them with segment ids (1-based per row, 0 = padding) so
@@ -20,12 +24,11 @@ such groups, which is most of them while accuracy is low.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 
-from matpo_jax.agents.trajectory import ROLE_IDS, WORKER, Rollout
 from matpo_jax.trainer import setwise
 from matpo_jax.trainer.loss import LossConfig, WeightTotals, aggregation_weights, weight_totals
 
@@ -50,28 +53,6 @@ class TrainSequence:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-
-def sequences_from_rollouts(rollouts: Sequence[Rollout], advantages: Mapping[int, float],
-                            with_sets: bool = False) -> list[TrainSequence]:
-    """TrainSequences for every rollout, each carrying its scalar advantage (and with_sets: the
-    setwise ratio's set of each token, trainer/setwise.py)."""
-    seqs = []
-    for r in rollouts:
-        if not (len(r.tokens) == len(r.trainable) == len(r.logprobs)):
-            raise PackingError(f"rollout {r.rollout_id}: {len(r.tokens)} tokens, "
-                               f"{len(r.trainable)} trainable flags, {len(r.logprobs)} log-probs")
-        seqs.append(TrainSequence(
-            tokens=np.asarray(r.tokens, np.int32),
-            trainable=np.asarray(r.trainable, bool),
-            old_logprobs=np.asarray(r.logprobs, np.float32),
-            advantage=float(advantages[r.rollout_id]),
-            role_id=ROLE_IDS[r.role],
-            rollout_id=r.rollout_id,
-            group_id=r.parent_id if r.role == WORKER else r.rollout_id,
-            set_turns=setwise.set_turns(r) if with_sets else None,
-        ))
-    return seqs
 
 
 @jax.tree_util.register_dataclass
@@ -108,6 +89,15 @@ class PackedBatch:
 
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def bucket_rows(needed: int, minimum: int, multiple: int) -> int:
+    """Row count of a packed RL batch: powers of two above `minimum`, so a run compiles a few
+    shapes, however much the rollouts' total length varies from step to step."""
+    rows = max(minimum, multiple)
+    while rows < needed:
+        rows *= 2
+    return round_up(rows, multiple)
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -202,11 +192,11 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: 
     masks = _loss_masks(seqs)
     # seq-mean-token-sum-norm divides by a CONSTANT: the configured max_len (the padded length),
     # never the row length a particular batch happened to get.
-    norm = loss_config.norm_constant if loss_config.norm_constant is not None else max_len
+    norm = loss_config.loss_agg_norm or max_len
     weights = aggregation_weights(masks, [s.group_id for s in seqs], [s.role_id for s in seqs],
-                                  loss_config.aggregation,
-                                  seq_denominator=loss_config.seq_denominator, norm_constant=norm,
-                                  totals=totals)
+                                  loss_config.loss_agg,
+                                  seq_denominator=loss_config.seq_mean_denominator,
+                                  norm_constant=norm, totals=totals)
     shape = (num_rows, row_len)
     batch = PackedBatch(
         tokens=np.zeros(shape, np.int32), positions=np.zeros(shape, np.int32),
@@ -291,7 +281,7 @@ def _num_rows(needed: int, row_multiple: int, rows: int | None) -> int:
 
 def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
                    rows: int | None = None, row_len_multiple: int | None = None,
-                   loss_config: LossConfig = LossConfig(),
+                   loss_config: LossConfig,
                    drop_inert: bool = False, totals: WeightTotals | None = None,
                    set_classes: int | None = None) -> PackedBatch:
     """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
@@ -313,7 +303,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
                                f"{row_multiple} and rows={rows}")
         if any(s.set_turns is None for s in seqs):
             raise PackingError("set_classes needs sequences with set_turns "
-                               "(sequences_from_rollouts(with_sets=True))")
+                               "(rl.batch.sequences_from_rollouts(with_sets=True))")
     order = trained_indices(seqs, loss_config) if drop_inert else list(range(len(seqs)))
     lengths = [len(seqs[i]) for i in order]
     candidates = [max_len]
@@ -343,7 +333,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
 
 def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,
                   rows: int | None = None,
-                  loss_config: LossConfig = LossConfig()) -> PackedBatch:
+                  loss_config: LossConfig) -> PackedBatch:
     """One sequence per row, right-padded: the baseline layout."""
     _check_lengths(seqs, max_len)
     bins = [[i] for i in range(len(seqs))]

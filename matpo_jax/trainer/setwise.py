@@ -7,9 +7,9 @@ its own). Members are TOKENS: with K the set's loss tokens, its ratio is
 the same number on each member, clipped once (the surrogate of section 5 with rho_S), with the
 set's one advantage (every member carries its planner's A_i: rl.group_by=planner).
 
-Host side (`set_turns`): each token's set within its group, -1 for none. Device side
-(`set_log_ratios`): the per-set sums over the micro-batch. A set must lie in one micro-batch,
-which the packing guarantees (`packing.class_bins`: a whole group goes to rows of one residue
+Host side (rl/batch.py `set_turns`): each token's set within its group, -1 (`NO_SET`) for none.
+Device side (`set_log_ratios`): the per-set sums over the micro-batch. A set must lie in one
+micro-batch, which the packing guarantees (`packing.class_bins`: a whole group goes to rows of one residue
 class mod mini x micro batches, and `_split_rows` deals row r to micro-batch r % (mini x micro)).
 Each token names its set by its set's anchor, the first member token placed: the anchor's row
 as a distance in global rows (`set_row_delta`, a multiple of the stride) and its column
@@ -22,25 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from matpo_jax.agents.trajectory import WORKER, Rollout
-
 NO_SET = -1
-
-
-def set_turns(rollout: Rollout) -> np.ndarray:
-    """int32 [L]: the planner turn each token's set belongs to (-1: in no set). A planner's (or
-    single agent's) t-th run of sampled tokens is turn t (the engine always writes a block
-    between two turns); every token of a worker is in its spawning turn's set."""
-    length = len(rollout.tokens)
-    if rollout.role == WORKER:
-        if rollout.spawn_turn is None:
-            raise ValueError(f"worker rollout {rollout.rollout_id} has no spawn_turn: the "
-                             "setwise ratio (rl.ratio=setwise) needs the planner turn that "
-                             "spawned it")
-        return np.full(length, rollout.spawn_turn, np.int32)
-    trainable = np.asarray(rollout.trainable, bool)
-    starts = trainable & ~np.concatenate([[False], trainable[:-1]])
-    return np.where(trainable, np.cumsum(starts) - 1, NO_SET).astype(np.int32)
 
 
 def set_log_ratios(log_ratio: jax.Array, mask: jax.Array, batch, stride: int) -> jax.Array:

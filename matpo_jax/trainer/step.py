@@ -50,8 +50,8 @@ class OptimizerConfig:
     decay_steps: int = 1000  # warmup_cosine/linear: optimizer steps from warmup's end to the floor
     end_lr_ratio: float = 0.0  # warmup_cosine/linear: final lr / peak lr
     weight_decay: float = 0.01  # decoupled (AdamW); only on matrices, never on norm scales
-    b1: float = 0.9
-    b2: float = 0.999
+    adam_b1: float = 0.9  # rl.adam_b1 (the other phases keep these)
+    adam_b2: float = 0.999  # rl.adam_b2
     eps: float = 1e-8
     grad_clip: float = 1.0  # global-norm clip; <= 0 disables
 
@@ -67,7 +67,7 @@ class OptimizerConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainStepConfig:
     objective: str = "rl"  # rl | sft
-    loss: loss_lib.LossConfig = loss_lib.LossConfig()
+    loss: loss_lib.LossConfig = dataclasses.field(kw_only=True)  # required: no default loss
     micro_batches: int = 1  # gradient accumulation steps per optimizer step
     ppo_mini_batches: int = 1  # optimizer steps per epoch over the RL batch
     ppo_epochs: int = 1  # passes over the RL batch
@@ -145,7 +145,7 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
         update = optax.chain(optax.add_decayed_weights(config.weight_decay, mask=matrices),
                              optax.sgd(schedule))
     else:
-        update = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
+        update = optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.eps,
                              weight_decay=config.weight_decay, mask=matrices)
     if config.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(config.grad_clip), update)

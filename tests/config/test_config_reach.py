@@ -2,10 +2,9 @@
 receives. A field without an entry in REACH fails the test, so no field can be silently ignored.
 
 Each entry names the consumer that receives the field (a translator of run/runtime.py, a stage's
-own settings object, the tool clients...) as a probe `typed config -> what the consumer gets`.
-Entries marked PENDING point at the section object handed to code another branch is rewriting
-(the training loops of run/sft.py and run/rl.py, the dataset builders, the HF loader): the
-coordinator tightens them to that code's own consumer after merging.
+own settings object, the tool clients, the SFT and RL phases' own functions...) as a probe
+`typed config -> what the consumer gets`: the consumer itself runs, with what it would hand on
+(the model, the oracle, the checkpoint store...) replaced by recorders.
 """
 from __future__ import annotations
 
@@ -19,13 +18,15 @@ import types
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from matpo_jax.config import (RolloutSection, apply_overrides, base_config,
                               schema, to_typed)
 from matpo_jax.data import world_assets
-from matpo_jax.run import eval_curve, evaluation, experiment, runtime
+from matpo_jax.run import copy_pretraining, eval_curve, evaluation, experiment, runtime
 from matpo_jax.run import rl as rl_phase
+from matpo_jax.run import sft as sft_phase
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -221,14 +222,116 @@ with open(os.path.join(WEIGHTS_DIR, "model.safetensors"), "wb") as _f:
     _f.write(b"weights")
 
 
-def pending(owner: str, section: str):
-    """The section object handed to code another branch owns (see the module docstring)."""
-    probe = lambda cfg: getattr(cfg, section)  # noqa: E731
-    probe.pending = owner
-    return probe
+def demonstrated_questions(cfg):
+    """Which records of the demonstration split SFT demonstrates (run/sft.py)."""
+    return tuple(sft_phase.demonstrated_indices(cfg, 1000))
 
 
-LOOP = "loop: run/sft.py, run/rl.py, run/copy_pretraining.py"
+def sft_demonstrations(cfg):
+    """What SFT hands the oracle (its detours) and the demonstration writer (the modes)."""
+    calls = []
+    rt = types.SimpleNamespace(cfg=cfg, toolbox=None, chat=None,
+                               assets=types.SimpleNamespace(source=lambda split: []))
+    with mock.patch.object(sft_phase, "Oracle", lambda *a, **kw: calls.append(
+            ("oracle", kw["imperfection"])) or "oracle"), \
+            mock.patch.object(sft_phase, "demonstrations", lambda oracle, questions, modes: (
+                calls.append(("modes", modes)) or [])), \
+            mock.patch.object(sft_phase, "demonstration_sequences", lambda *a: ["sequence"]):
+        sft_phase.build_sft_sequences(rt)
+    return calls
+
+
+def sft_loss_weights(cfg):
+    """The loss weights SFT's demonstration batches get (copied spans, context tokens)."""
+    calls = []
+    with mock.patch.object(sft_phase.packing, "layout_bins", lambda *a: "batch"), \
+            mock.patch.object(sft_phase, "add_context_lm",
+                              lambda batch, seqs, bins, weight: calls.append(("context", weight))), \
+            mock.patch.object(sft_phase, "copy_loss_scale",
+                              lambda batch, seqs, bins, weight: calls.append(("copy", weight))):
+        sft_phase._demonstration_batch(cfg, ["s"], [[0]], 0, 1, 8, "loss")
+    return calls
+
+
+def sft_batches(cfg):
+    """What SFT's batch function builds and serves: its rows, copy pre-training before step 0,
+    and which steps are rehearsal batches of which kind (copy spans or reading tasks)."""
+    calls = []
+    rt = types.SimpleNamespace(cfg=cfg, mesh=None)
+    scfg = types.SimpleNamespace(row_multiple=lambda mesh: 1, loss="loss")
+    state = types.SimpleNamespace(replace=lambda params: params)
+    with mock.patch.object(sft_phase.copy_lib, "run_copy_pretraining",
+                           lambda rt, model: calls.append("copy pre-training") or "params"), \
+            mock.patch.object(sft_phase, "build_sft_sequences",
+                              lambda rt: [np.zeros(cfg.rl.pack_len)] * 40), \
+            mock.patch.object(sft_phase.copy_lib, "copy_batches",
+                              lambda rt, rows, loss: lambda step: ("copy", rows)), \
+            mock.patch.object(sft_phase.pretrain_lib, "rehearsal_batches",
+                              lambda rt, rows, loss: lambda step: ("reading", rows)), \
+            mock.patch.object(sft_phase, "_demonstration_batch",
+                              lambda cfg, seqs, bins, step, rows, *a: types.SimpleNamespace(
+                                  rows=rows, efficiency=lambda: 1.0)):
+        batches = sft_phase._SFTBatches(rt, "model", scfg)
+        batches.prepare(0, state)
+        served = [batches(step, None) for step in range(6)]
+    return calls, [(b.batch if not b.log else b.batch.rows) for b in served]
+
+
+def shared_sft_start(cfg):
+    """Where SFT's start comes from: its own training, or another run's SFT checkpoints."""
+    opened = []
+
+    class Checkpoints:
+        def __init__(self, directory):
+            opened.append(directory)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def restore_latest(self, params):
+            return types.SimpleNamespace(params="shared params", step=3)
+
+    loop = types.SimpleNamespace(graphdef="graphdef",
+                                 state=types.SimpleNamespace(params=None,
+                                                             replace=lambda params: params),
+                                 run=lambda batches, writer, on_start: "trained here")
+    rt = types.SimpleNamespace(cfg=cfg, mesh=None, path=lambda *parts: "/".join(parts))
+    with mock.patch.object(sft_phase.loop_lib, "TrainLoop", lambda *a, **kw: loop), \
+            mock.patch.object(sft_phase.ckpt_lib, "Checkpointer", Checkpoints):
+        _, state = sft_phase.run_sft(rt, "model", writer=None)
+    return state, opened
+
+
+def copy_phase(cfg):
+    """What the copy phase hands its optimizer and the copy batches (run/copy_pretraining.py)."""
+    made = []
+    rt = types.SimpleNamespace(cfg=cfg, chat=types.SimpleNamespace(
+        tokenizer=types.SimpleNamespace(encode=lambda text, add_special_tokens: [1])),
+        assets=types.SimpleNamespace(corpus_path="corpus"))
+    with mock.patch.object(copy_pretraining, "corpus_token_stream",
+                           lambda chat, path: np.arange(1000)), \
+            mock.patch.object(copy_pretraining, "copy_batch",
+                              lambda *a, **kw: made.append(kw)):
+        copy_pretraining.copy_batches(rt, 2, "loss")(0)
+    return copy_pretraining.copy_optimizer_config(cfg), made
+
+
+def rl_evaluations(cfg):
+    """The RL steps after which the RL phase evaluates (run/rl.py's after-step hook)."""
+    evaluated = []
+    steps = object.__new__(rl_phase._RLSteps)
+    steps.rt, steps.consumed = types.SimpleNamespace(cfg=cfg), None
+    steps.loop = types.SimpleNamespace(graphdef="graphdef")
+    steps.evaluate_fn = lambda graphdef, state, tag: evaluated.append(tag) or {}
+    with mock.patch.object(rl_phase, "model_state", lambda state: state):
+        for step in range(1, 60):
+            steps.after_step(step, None)
+    return evaluated
+
+
 JUDGE = {"reward.method": "judge", "reward.judge_url": "http://127.0.0.1:1/v1"}
 REMOTE = {"tools.search_url": "http://127.0.0.1:2"}
 # What a run on a published dataset needs (both configs): no SFT, a tokenizer, benchmark evals.
@@ -319,18 +422,26 @@ REACH: dict[str, Reach] = {
     "rl.pack_len": Reach(rl_batches),
     "sft.steps": Reach(sft_optimizer),
     "sft.lr": Reach(sft_optimizer),
-    **{f"sft.{name}": Reach(pending(LOOP, "sft")) for name in (
-        "batch_size", "num_demos", "wasted_search", "wrong_open", "copy_steps", "copy_span",
-        "copy_shuffle", "copy_lr", "copy_every", "copy_weight", "context_lm_weight",
-        "rehearsal")},
-    "sft.modes": Reach(pending(LOOP, "sft"), "matpo+single"),
-    "sft.init_checkpoint": Reach(pending(LOOP, "sft"), "/runs/shared/checkpoints/sft"),
+    "sft.num_demos": Reach(demonstrated_questions),
+    "sft.wasted_search": Reach(sft_demonstrations),
+    "sft.wrong_open": Reach(sft_demonstrations),
+    "sft.modes": Reach(sft_demonstrations, "matpo+single"),
+    "sft.context_lm_weight": Reach(sft_loss_weights),
+    "sft.copy_weight": Reach(sft_loss_weights),
+    "sft.batch_size": Reach(sft_batches, None, {"sft.copy_every": 2}),  # demos and rehearsal
+    "sft.copy_steps": Reach(sft_batches),  # and the copy phase's loop (training_loops)
+    "sft.copy_every": Reach(sft_batches),
+    "sft.rehearsal": Reach(sft_batches, None, {"sft.copy_every": 2}),
+    "sft.copy_span": Reach(copy_phase),
+    "sft.copy_shuffle": Reach(copy_phase),
+    "sft.copy_lr": Reach(copy_phase, None, {"sft.copy_steps": 10}),
+    "sft.init_checkpoint": Reach(shared_sft_start, "/runs/shared/checkpoints/sft"),
     "train.steps": Reach(rl_optimizer, None, {"rl.schedule": "cosine"}),  # and the loops
     "train.seed": Reach(built_model),  # and the loops' rngs
     **{f"train.{name}": Reach(training_loops) for name in (
         "log_every", "checkpoint_every", "keep_checkpoints", "async_checkpointing",
         "max_nonfinite_steps")},
-    "train.eval_every": Reach(pending(LOOP, "train")),
+    "train.eval_every": Reach(rl_evaluations),
     "train.remat": Reach(rl_step, "full"),
     "eval.datasets": Reach(evaluated_datasets, ("synthetic_multihop", "frames")),
     "eval.split": Reach(eval_questions, "test"),
@@ -373,17 +484,6 @@ def test_changing_the_field_changes_what_its_consumer_receives(path):
     after = typed({**reach.base, path: changed_value(path, reach)})
     assert reach.probe(before) != reach.probe(after), (
         f"{path}: changing it did not change what {reach.probe.__name__} receives")
-
-
-def test_pending_entries_are_marked():
-    """The section-level entries are the loops', and only those: everything else has a probe
-    of its own."""
-    owners = {path: getattr(r.probe, "pending", None) for path, r in REACH.items()}
-    by_owner = {}
-    for path, owner in owners.items():
-        by_owner.setdefault(owner, []).append(path)
-    assert set(by_owner) == {None, LOOP}
-    assert len(by_owner[None]) > len(schema()) // 2
 
 
 def _attribute_reads(source: str) -> set[str]:

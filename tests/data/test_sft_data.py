@@ -10,6 +10,7 @@ from matpo_jax.data.synthetic_world import build_world
 from matpo_jax.data.sft_data import demonstration_sequences, demonstrations
 from matpo_jax.chat import ChatFormat
 from matpo_jax.chat.tokenizer_training import IM_END, train_tokenizer
+from fixtures.losses import default_loss
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +95,8 @@ def test_context_lm_adds_weighted_loss_on_context_after_the_system_prompt(setup)
     seqs = demonstration_sequences(chat, demos, max_len=100_000)[:2]
     bins = [[0], [1]]
     row_len = max(len(s) for s in seqs)
-    plain = layout_bins(seqs, bins, 2, row_len, row_len, LossConfig())
-    mixed = layout_bins(seqs, bins, 2, row_len, row_len, LossConfig())
+    plain = layout_bins(seqs, bins, 2, row_len, row_len, default_loss())
+    mixed = layout_bins(seqs, bins, 2, row_len, row_len, default_loss())
     add_context_lm(mixed, seqs, bins, 0.25)
     for row, seq in enumerate(seqs):
         n = len(seq)

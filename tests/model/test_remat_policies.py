@@ -12,6 +12,9 @@ from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
 from matpo_jax.model.remat import remat_policy
 from matpo_jax.trainer import step as ts
 from matpo_jax.trainer.packing import PackedBatch
+from fixtures.losses import default_loss
+
+LOSS = default_loss()  # the default experiment's loss
 
 CONFIG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -53,7 +56,7 @@ def test_train_step_traces_the_configured_policy():
                         loss_weights=floats, rollout_ids=ints)
 
     def program(**kw):
-        step = ts.make_gradient_fn(graphdef, ts.TrainStepConfig(**kw), mesh, shardings)
+        step = ts.make_gradient_fn(graphdef, ts.TrainStepConfig(**kw, loss=LOSS), mesh, shardings)
         traced = jax.make_jaxpr(lambda s, b: step(s, b))(state, batch)
         return str(traced)
 
@@ -67,4 +70,4 @@ def test_unknown_policy_is_refused_by_name():
     with pytest.raises(ValueError, match="remat policy 'some'"):
         remat_policy("some")
     with pytest.raises(ValueError, match="TrainStepConfig.remat='some'"):
-        ts.TrainStepConfig(remat="some")
+        ts.TrainStepConfig(remat="some", loss=LOSS)

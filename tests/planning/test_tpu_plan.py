@@ -15,6 +15,9 @@ from matpo_jax.planning import report, step_plan
 from matpo_jax.planning.topology import CHIPS, TopologyError, parse_topology
 from matpo_jax.run.plan_inputs import plan_inputs
 from matpo_jax.trainer import step as ts
+from fixtures.losses import default_loss
+
+LOSS = default_loss()  # the default experiment's loss
 
 CONFIG = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, dtype="bfloat16")
@@ -49,7 +52,7 @@ def tiny_plan():
     pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
     inputs = step_plan.PlanInputs(
         model=CONFIG, mesh_shape=dict(data=1, fsdp=-1, tensor=1), rows=4, row_length=128,
-        step=ts.TrainStepConfig(remat="full", scan_layers=True, temperature=0.7),
+        step=ts.TrainStepConfig(remat="full", scan_layers=True, temperature=0.7, loss=LOSS),
         optimizer=ts.OptimizerConfig(), decode_slots=128, max_context=2 ** 23)
     return step_plan.make_plan(inputs, parse_topology("v5e:2x2"))
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from matpo_jax.agents.trajectory import PLANNER, WORKER, Rollout
-from matpo_jax.rl.batch import bucket_rows, matpo_batch
-from matpo_jax.trainer.loss import LossConfig
+from matpo_jax.rl.batch import matpo_batch
+from matpo_jax.trainer.packing import bucket_rows
+from fixtures.losses import default_loss
 
 
 def rollout(rid, role, query, sample, parent, pieces):
@@ -44,7 +45,7 @@ def token_values(batch, field, rid):
 
 def test_matpo_batch_by_hand(scored):
     rollouts, rewards = scored
-    out = matpo_batch(rollouts, rewards, loss_config=LossConfig(aggregation="matpo"),
+    out = matpo_batch(rollouts, rewards, loss_config=default_loss(loss_agg="matpo"),
                       pack_len=16, min_rows=1, row_multiple=2)
     # Query 0's planners scored 1 and 0: mean 0.5, unbiased std sqrt(0.5); query 1's alike: 0.
     a = 0.5 / (math.sqrt(0.5) + 1e-6)
@@ -78,7 +79,7 @@ def test_parts_of_a_batch_with_gathered_totals_weigh_as_the_whole(scored, aggreg
     """Two processes, each with whole groups: with `gather` supplying both parts' totals, every
     token's weight is its weight in the one-process batch, and both parts pack the same rows."""
     rollouts, rewards = scored
-    config = LossConfig(aggregation=aggregation)
+    config = default_loss(loss_agg=aggregation)
     whole = matpo_batch(rollouts, rewards, loss_config=config, pack_len=16)
     parts = [[r for r in rollouts if r.query_index == q] for q in (0, 1)]
     part_rewards = [{r.rollout_id: rewards[r.rollout_id] for r in part if r.rollout_id in rewards}
@@ -112,7 +113,7 @@ def test_parts_of_a_batch_with_gathered_totals_weigh_as_the_whole(scored, aggreg
 def test_weights_count_the_whole_batch_and_rows_are_bucketed(scored):
     rollouts, rewards = scored
     # token-mean: 1 / all 18 trained tokens, the left-out groups' tokens included.
-    out = matpo_batch(rollouts, rewards, loss_config=LossConfig(), pack_len=16, min_rows=4,
+    out = matpo_batch(rollouts, rewards, loss_config=default_loss(), pack_len=16, min_rows=4,
                       row_multiple=2)
     weights = out.batch.loss_weights[out.batch.loss_mask > 0]
     np.testing.assert_allclose(weights, 1 / 18, rtol=1e-6)
@@ -121,6 +122,6 @@ def test_weights_count_the_whole_batch_and_rows_are_bucketed(scored):
     assert [bucket_rows(n, 4, 2) for n in (1, 4, 5, 9)] == [4, 4, 8, 16]
     assert bucket_rows(3, 1, 6) == 6
     # A KL term gives every sequence a gradient: nothing is left out.
-    out = matpo_batch(rollouts, rewards, loss_config=LossConfig(kl_coef=0.1), pack_len=16)
+    out = matpo_batch(rollouts, rewards, loss_config=default_loss(kl_coef=0.1), pack_len=16)
     assert sorted(set(out.batch.rollout_ids[out.batch.rollout_ids >= 0].tolist())) == [0, 1, 2,
                                                                                         3, 4]

@@ -10,19 +10,21 @@ import numpy as np
 import pytest
 
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
+from matpo_jax.chat import extract_boxed
 from matpo_jax.rl import judge as judge_lib
 from matpo_jax.rl import rewards
 
 # The reward stage's settings of the base config (run.runtime.reward_config builds them).
-MATPO_EXACT = rewards.RewardConfig(mode="matpo", method="exact", f1_threshold=0.8)
+MATPO_EXACT = rewards.RewardConfig(mode="matpo", method="exact", f1_threshold=0.8,
+                                   format_credit="always")
 
 
 # ----------------------------------------------------------------------------- extraction/matching
 
 def test_extract_boxed_takes_last_and_balances_braces():
-    assert rewards.extract_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
-    assert rewards.extract_boxed("no answer here") is None
-    assert rewards.extract_boxed("\\boxed{Paris} and an unclosed \\boxed{Lon") == "Paris"
+    assert extract_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
+    assert extract_boxed("no answer here") is None
+    assert extract_boxed("\\boxed{Paris} and an unclosed \\boxed{Lon") == "Paris"
 
 
 def _call(valid):
@@ -68,7 +70,8 @@ def test_normalisation_exact_match_and_f1():
     assert rewards.accuracy("NYC", ["New York", "nyc"], "exact") == 1.0
     assert rewards.accuracy(None, "x", "exact") == 0.0
     with pytest.raises(ValueError, match="accuracy"):
-        rewards.RewardConfig(mode="matpo", method="regex", f1_threshold=0.8)
+        rewards.RewardConfig(mode="matpo", method="regex", f1_threshold=0.8,
+                             format_credit="always")
 
 
 # ----------------------------------------------------------------------------- combination
@@ -117,7 +120,7 @@ def test_format_credit_when_correct_or_off_leaves_wrong_answers_equal():
 def test_single_agent_reward_combination():
     agent = Rollout(0, SINGLE, 0, 0, None, assistant_texts=["\\boxed{x}"],
                     tool_calls=[_call(True), _call(True), _call(False), _call(True)])
-    single = rewards.RewardConfig(mode="single", method="exact", f1_threshold=0.8)
+    single = dataclasses.replace(MATPO_EXACT, mode="single")
     out = rewards.rollout_rewards([agent], ["x"], single)
     assert out[0].reward == pytest.approx(0.9 + 0.1 * 0.75)
 

@@ -10,11 +10,11 @@ from matpo_jax.run.copy_pretraining import copy_batch, copy_sequence, corpus_tok
 from matpo_jax.data.oracle import LocalCorpusTools, Oracle
 from matpo_jax.data.synthetic_world import build_world
 from matpo_jax.trainer import packing
-from matpo_jax.trainer.loss import LossConfig
 from matpo_jax.data.sft_data import (SFTSequence, copy_loss_scale, copy_token_mask,
                                 demonstration_sequences, demonstrations)
 from matpo_jax.chat import ChatFormat
 from matpo_jax.chat.tokenizer_training import train_tokenizer
+from fixtures.losses import default_loss
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_copy_rows_repeat_the_span_and_train_only_the_repeat(world_chat):
     assert not seq.trainable[:16 + len(sep)].any() and seq.trainable[-16:].all()
 
     batch = copy_batch(stream, sep, 3, seed=0, rows=2, max_len=128, span=20,
-                       loss_config=LossConfig())
+                       loss_config=default_loss())
     assert batch.shape == (2, 128)
     per_row = 128 // (2 * 20 + len(sep))
     for row in range(2):
@@ -65,12 +65,12 @@ def test_copy_batches_are_deterministic_by_seed_and_step(world_chat):
     stream = corpus_token_stream(chat, corpus)
     sep = chat.tokenizer.encode("\n\n", add_special_tokens=False)
     make = lambda seed, step: copy_batch(stream, sep, step, seed=seed, rows=2, max_len=256,
-                                         span=32, loss_config=LossConfig()).tokens
+                                         span=32, loss_config=default_loss()).tokens
     np.testing.assert_array_equal(make(0, 5), make(0, 5))
     shuffled = copy_batch(stream, sep, 5, seed=0, rows=2, max_len=256, span=32,
-                          loss_config=LossConfig(), shuffle=True)
+                          loss_config=default_loss(), shuffle=True)
     again = copy_batch(stream, sep, 5, seed=0, rows=2, max_len=256, span=32,
-                       loss_config=LossConfig(), shuffle=True)
+                       loss_config=default_loss(), shuffle=True)
     np.testing.assert_array_equal(shuffled.tokens, again.tokens)
     for s in range(1, shuffled.segment_ids[0].max() + 1):
         toks = shuffled.tokens[0][shuffled.segment_ids[0] == s]
@@ -98,8 +98,8 @@ def test_copy_weight_scales_exactly_the_marked_tokens(world_chat):
     marked = np.concatenate([s.copy_mask for s in seqs])
     assert marked.any() and (np.concatenate([s.trainable for s in seqs])[marked]).all()
     bins = packing.first_fit_decreasing([len(s) for s in seqs], 4096)
-    base = packing.layout_bins(seqs, bins, len(bins), 4096, 4096, LossConfig())
-    scaled = packing.layout_bins(seqs, bins, len(bins), 4096, 4096, LossConfig())
+    base = packing.layout_bins(seqs, bins, len(bins), 4096, 4096, default_loss())
+    scaled = packing.layout_bins(seqs, bins, len(bins), 4096, 4096, default_loss())
     copy_loss_scale(scaled, seqs, bins, 4.0)
     copy = np.zeros(base.shape, bool)
     for row, members in enumerate(bins):
@@ -116,6 +116,6 @@ def test_copy_weight_scales_exactly_the_marked_tokens(world_chat):
     np.testing.assert_allclose(other, other[0], rtol=1e-5)
     np.testing.assert_allclose((scaled.loss_weights * scaled.loss_mask).sum(),
                                (base.loss_weights * base.loss_mask).sum(), rtol=1e-5)
-    unchanged = packing.layout_bins(seqs, bins, len(bins), 4096, 4096, LossConfig())
+    unchanged = packing.layout_bins(seqs, bins, len(bins), 4096, 4096, default_loss())
     copy_loss_scale(unchanged, seqs, bins, 1.0)
     np.testing.assert_array_equal(unchanged.loss_weights, base.loss_weights)

@@ -15,6 +15,7 @@ from matpo_jax.sampler.ops import sample_tokens, sample_tokens_per_row
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import packing
+from fixtures.losses import default_loss
 
 PLANNER_T = 1.5
 PROMPTS = [[4, 4, 1], [60, 2, 33, 12, 5], [11, 3]]
@@ -98,7 +99,7 @@ def test_trainer_recomputes_each_role_at_its_own_temperature(mixed_batch, tiny_m
                                   old_logprobs=np.asarray(lp, np.float32), advantage=1.0,
                                   role_id=ROLES[i], rollout_id=i, group_id=i)
             for i, (t, m, lp) in enumerate(zip(host.tokens, host.trainable, host.logprobs))]
-    batch = packing.pack_sequences(seqs, 64, rows=2)
+    batch = packing.pack_sequences(seqs, 64, rows=2, loss_config=default_loss())
     temperature = loss_lib.role_temperatures(jnp.asarray(batch.role_ids), PLANNER_T, 1.0)
     logits = tiny_model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions),
                         jnp.asarray(batch.segment_ids))

@@ -46,6 +46,7 @@ def build(workdir: str, steps: int, *, nan_steps=(), async_save: bool = True,
     from matpo_jax.trainer import loop as loop_lib
     from matpo_jax.trainer import step as step_lib
     from matpo_jax.trainer.loss import LossConfig
+    from losses import default_loss
     from rl_batches import make_matpo_batch, tiny_model_config
 
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
@@ -56,7 +57,7 @@ def build(workdir: str, steps: int, *, nan_steps=(), async_save: bool = True,
         max_nonfinite_steps=max_nonfinite_steps, seed=3)
     optimizer = step_lib.OptimizerConfig(learning_rate=learning_rate, schedule="warmup_constant",
                                          warmup_steps=3)
-    loss = LossConfig(aggregation="matpo")
+    loss = default_loss(loss_agg="matpo")
     loop = loop_lib.TrainLoop(config, model, optimizer,
                               step_lib.TrainStepConfig(loss=loss, micro_batches=2), mesh)
     data = SeedStream()

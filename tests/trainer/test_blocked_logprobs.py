@@ -11,6 +11,7 @@ from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer.packing import PackedBatch
+from fixtures.losses import default_loss
 
 
 def _relative_error(got, want):
@@ -86,7 +87,7 @@ def test_model_objective_equals_policy_loss_on_dense_logits():
                          tie_word_embeddings=True)
     graphdef, params = nnx.split(Qwen3ForCausalLM(config, rngs=nnx.Rngs(1)))
     batch = _packed_batch(np.random.default_rng(2), 2, 40, config.vocab_size)
-    loss_config = loss_lib.LossConfig(kl_coef=0.05, kl_type="low_var_kl", entropy_coef=0.01)
+    loss_config = default_loss(kl_coef=0.05, kl_type="low_var_kl", entropy_coef=0.01)
 
     def dense(params):
         model = nnx.merge(graphdef, params)
@@ -125,9 +126,9 @@ def test_compiled_loss_never_holds_the_logits():
         return grad.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
 
     blocked = temp_bytes(lambda p, b: loss_lib.model_objective(
-        nnx.merge(graphdef, p), b, loss_lib.LossConfig(), seq_block=64, vocab_block=1024))
+        nnx.merge(graphdef, p), b, default_loss(), seq_block=64, vocab_block=1024))
     dense = temp_bytes(lambda p, b: loss_lib.policy_loss(
-        nnx.merge(graphdef, p)(b.tokens, b.positions, b.segment_ids), b, loss_lib.LossConfig()))
+        nnx.merge(graphdef, p)(b.tokens, b.positions, b.segment_ids), b, default_loss()))
     print(f"\ntemporaries: blocked {blocked / 2**20:.1f} MiB, dense {dense / 2**20:.1f} MiB, "
           f"logits {logits_bytes / 2**20:.1f} MiB")
     assert dense >= logits_bytes

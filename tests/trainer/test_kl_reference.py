@@ -9,9 +9,11 @@ from flax import nnx
 
 from matpo_jax import parallel
 from matpo_jax.rl import advantages, rewards
+from matpo_jax.rl.batch import sequences_from_rollouts
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as ts
-from matpo_jax.trainer.loss import LossConfig, token_logprobs
+from matpo_jax.trainer.loss import token_logprobs
+from fixtures.losses import default_loss
 
 MAX_LEN, ROWS = 48, 8
 
@@ -20,8 +22,8 @@ MAX_LEN, ROWS = 48, 8
 def setup(tiny_model, rollout_batch):
     rollouts, golds = rollout_batch(seed=3, queries=2, group=2, max_workers=1)
     reward = rewards.rewards_by_id(rewards.rollout_rewards(rollouts, golds))
-    seqs = packing.sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward))
-    loss = LossConfig(kl_coef=0.5, kl_type="low_var_kl")
+    seqs = sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward))
+    loss = default_loss(kl_coef=0.5, kl_type="low_var_kl")
     config = ts.TrainStepConfig(loss=loss, micro_batches=2)
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
     graphdef, state, shardings = ts.init_train_state(tiny_model, optax.sgd(0.1), mesh)

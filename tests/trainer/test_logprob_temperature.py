@@ -10,8 +10,10 @@ from flax import nnx
 from matpo_jax import parallel
 from matpo_jax.agents.trajectory import PLANNER, Rollout
 from matpo_jax.sampler.loop import Sampling, generate
+from matpo_jax.rl.batch import sequences_from_rollouts
 from matpo_jax.trainer import logprobs, packing
 from matpo_jax.trainer import step as ts
+from fixtures.losses import default_loss
 
 TEMPERATURE = 0.7
 PROMPTS = [[5, 9, 2], [17, 3, 3, 40, 8], [60], [11, 12, 13, 14]]
@@ -31,8 +33,8 @@ def sampled_batch(tiny_model):
         rollout.append(sampled, trainable=True, logprobs=logp)
         rollouts.append(rollout)
     advantages = {i: (1.0 if i % 2 else -1.0) for i in range(len(PROMPTS))}
-    seqs = packing.sequences_from_rollouts(rollouts, advantages)
-    return packing.pack_sequences(seqs, 32, rows=2)
+    seqs = sequences_from_rollouts(rollouts, advantages)
+    return packing.pack_sequences(seqs, 32, rows=2, loss_config=default_loss())
 
 
 def test_ratio_is_one_at_the_rollout_temperature(tiny_model, sampled_batch):
@@ -50,7 +52,7 @@ def test_ratio_is_one_at_the_rollout_temperature(tiny_model, sampled_batch):
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
     graphdef, state, shardings = ts.init_train_state(tiny_model, optax.sgd(0.1), mesh)
     for temperature, consistent in ((TEMPERATURE, True), (1.0, False)):
-        config = ts.TrainStepConfig(temperature=temperature)
+        config = ts.TrainStepConfig(temperature=temperature, loss=default_loss())
         _, _, metrics = ts.make_gradient_fn(graphdef, config, mesh, shardings)(state, batch)
         kl = float(metrics["planner/approx_kl"])
         assert (kl < 1e-9) if consistent else (kl > 1e-4), (temperature, kl)

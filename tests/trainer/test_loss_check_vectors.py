@@ -6,6 +6,7 @@ import pytest
 
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer.packing import PackedBatch
+from fixtures.losses import default_loss
 
 
 @pytest.mark.parametrize("advantage, rho, expected", [
@@ -103,7 +104,7 @@ def test_policy_loss_metrics_split_by_role_and_kl_entropy_terms():
     logits = jnp.zeros((1, 5, 4))
     batch = _toy_batch(advantages=[0, 1, 1, -1, -1], roles=[0, 0, 0, 1, 1], mask=[0, 1, 1, 1, 1],
                        weights=[0, .25, .25, .25, .25])
-    value, sums = loss_lib.policy_loss(logits, batch, loss_lib.LossConfig())
+    value, sums = loss_lib.policy_loss(logits, batch, default_loss())
     # A=+1, rho=.25 -> max(-.25, -.8) = -.25; A=-1 -> max(.25, .8) = .8
     assert float(value) == pytest.approx(0.25 * (2 * -0.25 + 2 * 0.8))
     metrics = loss_lib.finalize_metrics(sums)
@@ -113,7 +114,7 @@ def test_policy_loss_metrics_split_by_role_and_kl_entropy_terms():
     assert float(metrics["worker/clip_frac"]) == 1.0 and float(metrics["planner/clip_frac"]) == 0
     assert float(metrics["worker/advantage"]) == -1.0
     assert float(metrics["planner/entropy"]) == pytest.approx(np.log(4), rel=1e-6)
-    with_terms = loss_lib.LossConfig(kl_coef=0.1, kl_type="k1", entropy_coef=0.01)
+    with_terms = default_loss(kl_coef=0.1, kl_type="k1", entropy_coef=0.01)
     value2, _ = loss_lib.policy_loss(logits, batch, with_terms)
     # k1 = logp - ref = -log 4 on every token; entropy = log 4; weights sum to 1.
     assert float(value2) == pytest.approx(float(value) - 0.1 * np.log(4) - 0.01 * np.log(4),

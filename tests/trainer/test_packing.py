@@ -6,23 +6,26 @@ import pytest
 
 from matpo_jax.agents.trajectory import PLANNER, WORKER
 from matpo_jax.rl import advantages, rewards
+from matpo_jax.rl.batch import sequences_from_rollouts
 from matpo_jax.trainer import packing
-from matpo_jax.trainer.loss import LossConfig
+from fixtures.losses import default_loss
+
+LOSS = default_loss()  # the default experiment's loss
 
 
 def _sequences(rollout_batch, seed=0, **kw):
     rollouts, golds = rollout_batch(seed=seed, **kw)
     reward = rewards.rewards_by_id(rewards.rollout_rewards(rollouts, golds))
     adv = advantages.assign_advantages(rollouts, reward)
-    return rollouts, adv, packing.sequences_from_rollouts(rollouts, adv)
+    return rollouts, adv, sequences_from_rollouts(rollouts, adv)
 
 
 def test_packed_layout_reproduces_every_sequence(rollout_batch):
     _, _, seqs = _sequences(rollout_batch, queries=3, group=3, max_workers=3)
     max_len = 64
-    batch = packing.pack_sequences(seqs, max_len, row_multiple=4)
+    batch = packing.pack_sequences(seqs, max_len, row_multiple=4, loss_config=LOSS)
     assert batch.shape[0] % 4 == 0 and batch.shape[1] == max_len
-    assert batch.efficiency() > packing.pad_sequences(seqs, max_len).efficiency()
+    assert batch.efficiency() > packing.pad_sequences(seqs, max_len, loss_config=LOSS).efficiency()
     seen = set()
     for row in range(batch.shape[0]):
         segs = batch.segment_ids[row]
@@ -65,7 +68,7 @@ def test_worker_tokens_carry_parent_advantage_where_parent_mask_is_zero(rollout_
     worker_mask = np.asarray(workers[0].trainable)
     assert (worker_mask[:11] & ~planner_mask[:11]).sum() == 8  # the defect's blind spot
     for layout in (packing.pack_sequences, packing.pad_sequences):
-        batch = layout(packing.sequences_from_rollouts(rollouts, adv), 32)
+        batch = layout(sequences_from_rollouts(rollouts, adv), 32, loss_config=LOSS)
         for w in workers:
             on_worker = batch.rollout_ids == w.rollout_id
             trained = on_worker & (batch.loss_mask > 0)
@@ -76,15 +79,15 @@ def test_worker_tokens_carry_parent_advantage_where_parent_mask_is_zero(rollout_
 
 def test_rows_are_static_per_bucket_and_errors_are_clear(rollout_batch):
     _, _, seqs = _sequences(rollout_batch, queries=2, group=2)
-    batch = packing.pack_sequences(seqs, 64, rows=16)
+    batch = packing.pack_sequences(seqs, 64, rows=16, loss_config=LOSS)
     assert batch.shape == (16, 64)
     with pytest.raises(packing.PackingError, match="multiple"):
-        packing.pack_sequences(seqs, 64, rows=10, row_multiple=4)
+        packing.pack_sequences(seqs, 64, rows=10, row_multiple=4, loss_config=LOSS)
     with pytest.raises(packing.PackingError, match="need"):
-        packing.pad_sequences(seqs, 64, rows=1)
+        packing.pad_sequences(seqs, 64, rows=1, loss_config=LOSS)
     longest = max(seqs, key=len)
     with pytest.raises(packing.PackingError, match=f"rollout {longest.rollout_id}.*max_len"):
-        packing.pack_sequences(seqs, len(longest) - 1)
+        packing.pack_sequences(seqs, len(longest) - 1, loss_config=LOSS)
 
 
 def test_first_fit_decreasing_respects_capacity():
@@ -100,7 +103,7 @@ def test_first_fit_decreasing_respects_capacity():
                                   "seq-mean-token-sum-norm", "matpo"])
 def test_weights_do_not_depend_on_the_layout(rollout_batch, mode):
     _, _, seqs = _sequences(rollout_batch, queries=2, group=3, max_workers=2)
-    config = LossConfig(aggregation=mode)
+    config = default_loss(loss_agg=mode)
     packed = packing.pack_sequences(seqs, 64, loss_config=config)
     padded = packing.pad_sequences(seqs, 64, loss_config=config)
     for s in seqs:
@@ -116,8 +119,8 @@ def test_row_length_search_removes_the_mostly_empty_last_row():
     seqs = [packing.TrainSequence(np.ones(n, np.int32), np.ones(n, bool), np.zeros(n, np.float32),
                                   0.0, 0, i, i)
             for i, n in enumerate([1000, 900, 700, 650] + list(rng.integers(100, 300, 12)))]
-    fixed = packing.pack_sequences(seqs, 1024)
-    searched = packing.pack_sequences(seqs, 2048, row_len_multiple=128)
+    fixed = packing.pack_sequences(seqs, 1024, loss_config=LOSS)
+    searched = packing.pack_sequences(seqs, 2048, row_len_multiple=128, loss_config=LOSS)
     assert searched.shape[1] % 128 == 0 and searched.shape[1] >= 1000
     assert searched.efficiency() > fixed.efficiency()
     assert searched.num_loss_tokens() == fixed.num_loss_tokens()
@@ -128,27 +131,27 @@ def test_reference_logprobs_travel_with_their_tokens():
                                   np.zeros(n, np.float32), 1.0, 0, i, i,
                                   ref_logprobs=np.full(n, -float(i + 1), np.float32))
             for i, n in enumerate([5, 3, 7])]
-    batch = packing.pack_sequences(seqs, 8)
+    batch = packing.pack_sequences(seqs, 8, loss_config=LOSS)
     for s in seqs:
         np.testing.assert_array_equal(batch.ref_logprobs[batch.rollout_ids == s.rollout_id],
                                       s.ref_logprobs)
     assert packing.pack_sequences([dataclasses.replace(s, ref_logprobs=None) for s in seqs],
-                                  8).ref_logprobs is None
+                                  8, loss_config=LOSS).ref_logprobs is None
 
 
 def test_sequences_without_gradient_are_left_out_only_when_inert():
     seqs = [packing.TrainSequence(np.ones(n, np.int32), np.ones(n, bool), np.zeros(n, np.float32),
                                   adv, 0, i, i)
             for i, (n, adv) in enumerate([(6, 0.0), (5, 1.0), (4, 0.0), (7, -1.0)])]
-    lean = packing.pack_sequences(seqs, 16, drop_inert=True)
+    lean = packing.pack_sequences(seqs, 16, drop_inert=True, loss_config=LOSS)
     assert sorted(set(lean.rollout_ids[lean.rollout_ids >= 0].tolist())) == [1, 3]
-    full = packing.pack_sequences(seqs, 16)
+    full = packing.pack_sequences(seqs, 16, loss_config=LOSS)
     for i in (1, 3):  # the kept sequences' weights count the dropped ones' tokens too
         np.testing.assert_array_equal(lean.loss_weights[lean.rollout_ids == i],
                                       full.loss_weights[full.rollout_ids == i])
     # A KL or entropy term gives every sequence a gradient: nothing is left out.
-    for config in (LossConfig(kl_coef=0.1), LossConfig(entropy_coef=0.01)):
+    for config in (default_loss(kl_coef=0.1), default_loss(entropy_coef=0.01)):
         assert packing.trained_indices(seqs, config) == [0, 1, 2, 3]
     # All inert: the shortest stays, so the batch is never empty.
     quiet = [dataclasses.replace(s, advantage=0.0) for s in seqs]
-    assert packing.trained_indices(quiet, LossConfig()) == [2]
+    assert packing.trained_indices(quiet, LOSS) == [2]

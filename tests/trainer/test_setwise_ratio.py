@@ -14,12 +14,16 @@ import pytest
 from matpo_jax import parallel
 from matpo_jax.agents.trajectory import PLANNER, WORKER, Rollout
 from matpo_jax.rl import advantages, rewards
+from matpo_jax.rl.batch import sequences_from_rollouts, set_turns
 from matpo_jax.trainer import packing, setwise
 from matpo_jax.trainer import step as ts
-from matpo_jax.trainer.loss import LossConfig, clipped_surrogate, policy_objective, token_logprobs
+from matpo_jax.trainer.loss import clipped_surrogate, policy_objective, token_logprobs
+from fixtures.losses import default_loss
+
+LOSS = default_loss()  # the default experiment's loss
 
 MAX_LEN, ROWS, CLASSES = 48, 16, 4
-SETWISE = LossConfig(ratio="setwise")
+SETWISE = default_loss(ratio="setwise")
 
 
 def test_set_turns_of_planner_runs_and_workers():
@@ -28,10 +32,10 @@ def test_set_turns_of_planner_runs_and_workers():
         planner.append([5] * n, trainable=trainable)
     worker = Rollout(1, WORKER, 0, 0, 0, spawn_turn=0)
     worker.append([6] * 4, trainable=False)
-    np.testing.assert_array_equal(setwise.set_turns(planner), [-1] * 3 + [0, 0] + [-1] * 2 + [1] * 3)
-    np.testing.assert_array_equal(setwise.set_turns(worker), [0] * 4)
+    np.testing.assert_array_equal(set_turns(planner), [-1] * 3 + [0, 0] + [-1] * 2 + [1] * 3)
+    np.testing.assert_array_equal(set_turns(worker), [0] * 4)
     with pytest.raises(ValueError, match="spawn_turn"):
-        setwise.set_turns(Rollout(2, WORKER, 0, 0, 0))
+        set_turns(Rollout(2, WORKER, 0, 0, 0))
 
 
 def test_set_log_ratio_check_vector():
@@ -67,7 +71,7 @@ def _rollouts(rollout_batch, seed=5):
 def sequences(rollout_batch):
     rollouts, golds = _rollouts(rollout_batch)
     reward = rewards.rewards_by_id(rewards.rollout_rewards(rollouts, golds))
-    return packing.sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward),
+    return sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward),
                                            with_sets=True)
 
 
@@ -124,7 +128,7 @@ def test_setwise_loss_matches_an_independent_reference(sequences, tiny_model):
                               jax.tree.map(jnp.asarray, batch), SETWISE)
     np.testing.assert_allclose(float(got), expected, rtol=1e-5)
     token, _ = policy_objective(jnp.asarray(logp, jnp.float32), jnp.zeros_like(logits[..., 0]),
-                                jax.tree.map(jnp.asarray, batch), LossConfig())
+                                jax.tree.map(jnp.asarray, batch), LOSS)
     assert abs(float(token) - expected) > 1e-4  # the two ratios really differ here
 
 
@@ -136,7 +140,7 @@ def test_singleton_sets_are_the_token_ratio(sequences, tiny_model):
     logp = jnp.asarray(batch.old_logprobs + rng.normal(0, 0.3, batch.shape), jnp.float32)
     args = (logp, jnp.zeros_like(logp), jax.tree.map(jnp.asarray, batch))
     np.testing.assert_allclose(float(policy_objective(*args, SETWISE)[0]),
-                               float(policy_objective(*args, LossConfig())[0]), rtol=1e-6)
+                               float(policy_objective(*args, LOSS)[0]), rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +172,7 @@ def test_setwise_is_exact_over_micro_batches_and_devices(tiny_model, sequences, 
 def test_packing_without_classes_would_split_sets(sequences):
     # The plain layout puts some group's rows in different residue classes: a 4-micro-batch step
     # would then see part of a set. class packing is what prevents it.
-    plain = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
+    plain = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
     by_id = {s.rollout_id: s for s in sequences}
     classes_of = collections.defaultdict(set)
     for row, col in zip(*np.nonzero(plain.segment_ids)):
@@ -176,7 +180,7 @@ def test_packing_without_classes_would_split_sets(sequences):
     assert any(len(c) > 1 for c in classes_of.values())
     with pytest.raises(packing.PackingError, match="set_turns"):
         packing.pack_sequences([dataclass_without_sets(s) for s in sequences], MAX_LEN, rows=ROWS,
-                               row_multiple=CLASSES, set_classes=CLASSES)
+                               row_multiple=CLASSES, set_classes=CLASSES, loss_config=LOSS)
 
 
 def dataclass_without_sets(seq):

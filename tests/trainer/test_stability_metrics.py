@@ -11,9 +11,13 @@ import pytest
 from matpo_jax import parallel
 from matpo_jax.agents.trajectory import PLANNER, WORKER, Rollout
 from matpo_jax.rl import advantages, batch as batch_lib, rewards
+from matpo_jax.rl.batch import sequences_from_rollouts
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as ts
 from matpo_jax.trainer.stability import SpikeCounter
+from fixtures.losses import default_loss
+
+LOSS = default_loss()  # the default experiment's loss
 
 MAX_LEN, ROWS = 48, 8
 
@@ -43,8 +47,8 @@ def test_advantage_stats_per_role_check_vector():
 def packed(rollout_batch):
     rollouts, golds = rollout_batch(seed=5, queries=2, group=3, max_workers=2)
     reward = rewards.rewards_by_id(rewards.rollout_rewards(rollouts, golds))
-    seqs = packing.sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward))
-    return packing.pack_sequences(seqs, MAX_LEN, rows=ROWS)
+    seqs = sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward))
+    return packing.pack_sequences(seqs, MAX_LEN, rows=ROWS, loss_config=LOSS)
 
 
 def _only(batch, role_id):
@@ -57,13 +61,14 @@ def test_role_grad_norms_are_the_norms_of_each_roles_share(tiny_model, packed):
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
     tx = optax.sgd(0.0)
     graphdef, state, shardings = ts.init_train_state(tiny_model, tx, mesh)
-    grads_of = ts.make_gradient_fn(graphdef, ts.TrainStepConfig(micro_batches=2), mesh, shardings)
+    grads_of = ts.make_gradient_fn(graphdef, ts.TrainStepConfig(micro_batches=2, loss=LOSS), mesh,
+                                   shardings)
     expected = {name: float(optax.global_norm(grads_of(state, batch)[1]))
                 for name, batch in (("planner", _only(packed, 0)), ("worker", _only(packed, 1)),
                                     ("all", packed))}
     assert expected["planner"] > 0 and expected["worker"] > 0
     step = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(micro_batches=2,
-                                                               role_grad_norms=True),
+                                                               role_grad_norms=True, loss=LOSS),
                               mesh, shardings)
     _, metrics = step(state, packed)
     np.testing.assert_allclose(float(metrics["planner/grad_norm"]), expected["planner"], rtol=1e-5)
@@ -75,7 +80,7 @@ def test_role_grad_norms_are_off_by_default(tiny_model, packed):
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
     tx = optax.sgd(0.0)
     graphdef, state, shardings = ts.init_train_state(tiny_model, tx, mesh)
-    _, metrics = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(), mesh, shardings)(
+    _, metrics = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(loss=LOSS), mesh, shardings)(
         state, packed)
     assert "planner/grad_norm" not in metrics and "grad_norm" in metrics
     assert "planner/clip_frac" in metrics and "worker/clip_frac" in metrics

@@ -9,21 +9,24 @@ import pytest
 
 from matpo_jax import parallel
 from matpo_jax.rl import advantages, rewards
+from matpo_jax.rl.batch import sequences_from_rollouts
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as ts
-from matpo_jax.trainer.loss import LossConfig
+from fixtures.losses import default_loss
+
+LOSS = default_loss()  # the default experiment's loss
 
 MAX_LEN, ROWS = 48, 16
-LOSS_VARIANTS = [LossConfig(aggregation=m) for m in (
+LOSS_VARIANTS = [default_loss(loss_agg=m) for m in (
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "matpo")]
-LOSS_VARIANTS.append(LossConfig(aggregation="seq-mean-token-mean", seq_denominator="planners"))
+LOSS_VARIANTS.append(default_loss(loss_agg="seq-mean-token-mean", seq_mean_denominator="planners"))
 
 
 @pytest.fixture(scope="module")
 def sequences(rollout_batch):
     rollouts, golds = rollout_batch(seed=5, queries=2, group=3, max_workers=2)
     reward = rewards.rewards_by_id(rewards.rollout_rewards(rollouts, golds))
-    seqs = packing.sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward))
+    seqs = sequences_from_rollouts(rollouts, advantages.assign_advantages(rollouts, reward))
     assert len(seqs) <= ROWS and max(map(len, seqs)) <= MAX_LEN
     return seqs
 
@@ -44,7 +47,7 @@ def states(tiny_model, meshes):
 def gradient_fns(meshes, states):
     def build(devices, micro):
         graphdef, _, shardings = states[devices]
-        return ts.make_gradient_fn(graphdef, ts.TrainStepConfig(micro_batches=micro),
+        return ts.make_gradient_fn(graphdef, ts.TrainStepConfig(micro_batches=micro, loss=LOSS),
                                    meshes[devices], shardings)
     return {(d, m): build(d, m) for d, m in ((1, 1), (8, 1), (8, 2), (8, 4))}
 
@@ -59,7 +62,7 @@ def _assert_same(result, reference):
 
 
 @pytest.mark.parametrize("loss_config", LOSS_VARIANTS,
-                         ids=lambda c: f"{c.aggregation}/{c.seq_denominator}")
+                         ids=lambda c: f"{c.loss_agg}/{c.seq_mean_denominator}")
 def test_any_micro_batch_and_device_split_gives_the_same_loss_and_grads(
         sequences, states, gradient_fns, loss_config):
     batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=loss_config)
@@ -74,7 +77,7 @@ def test_any_micro_batch_and_device_split_gives_the_same_loss_and_grads(
 
 
 @pytest.mark.parametrize("loss_config", LOSS_VARIANTS[:2] + LOSS_VARIANTS[-1:],
-                         ids=lambda c: f"{c.aggregation}/{c.seq_denominator}")
+                         ids=lambda c: f"{c.loss_agg}/{c.seq_mean_denominator}")
 def test_leaving_out_zero_advantage_groups_keeps_loss_and_grads(
         sequences, states, gradient_fns, loss_config):
     # The first planner's group scored alike: advantage 0 for it and its workers.
@@ -91,7 +94,7 @@ def test_leaving_out_zero_advantage_groups_keeps_loss_and_grads(
 
 
 def test_metrics_are_whole_batch_exact(sequences, states, gradient_fns):
-    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
+    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
     _, _, whole = gradient_fns[1, 1](states[1][1], batch)
     _, _, split = gradient_fns[8, 4](states[8][1], batch)
     for key in whole:
@@ -107,14 +110,14 @@ def _host(tree):
 
 def test_sharded_accumulated_update_matches_the_whole_batch_gradient(
         tiny_model, sequences, meshes, states, gradient_fns):
-    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
+    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
     _, ref_grads, _ = gradient_fns[1, 1](states[1][1], batch)
     expected = jax.tree.map(lambda p, g: np.asarray(p) - 0.5 * np.asarray(g),
                             _host(states[1][1].params), ref_grads)
     tx = optax.sgd(0.5)
     graphdef, state, shardings = ts.init_train_state(tiny_model, tx, meshes[8])
-    step = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(micro_batches=4), meshes[8],
-                              shardings)
+    step = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(micro_batches=4, loss=LOSS),
+                              meshes[8], shardings)
     state, _ = step(state, batch)
     assert int(state.optimizer_steps) == 1 and int(state.step) == 1
     for a, b in zip(jax.tree.leaves(_host(state.params)), jax.tree.leaves(expected)):
@@ -125,10 +128,10 @@ def test_non_finite_gradients_skip_the_update_and_are_counted(tiny_model, sequen
     config = ts.OptimizerConfig(learning_rate=1e-2, schedule="warmup_cosine", warmup_steps=2)
     tx = ts.make_optimizer(config)
     graphdef, state, shardings = ts.init_train_state(tiny_model, tx, meshes[8])
-    step = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(micro_batches=2), meshes[8],
-                              shardings, ts.learning_rate_schedule(config))
-    good = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
-    bad = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
+    step = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(micro_batches=2, loss=LOSS),
+                              meshes[8], shardings, ts.learning_rate_schedule(config))
+    good = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
+    bad = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
     bad.old_logprobs[np.nonzero(bad.loss_mask)[0][0], np.nonzero(bad.loss_mask)[1][0]] = np.nan
     before_params, before_opt = _host(state.params), _host(state.opt_state)
 
@@ -150,24 +153,25 @@ def test_non_finite_gradients_skip_the_update_and_are_counted(tiny_model, sequen
 
 def test_mini_batches_and_epochs_are_counted_optimizer_steps(tiny_model, sequences, meshes):
     tx = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3))
-    config = ts.TrainStepConfig(micro_batches=2, ppo_mini_batches=2, ppo_epochs=2)
+    config = ts.TrainStepConfig(micro_batches=2, ppo_mini_batches=2, ppo_epochs=2, loss=LOSS)
     assert config.row_multiple(meshes[8]) == 16 and config.optimizer_steps_per_call == 4
     graphdef, state, shardings = ts.init_train_state(tiny_model, tx, meshes[8])
     step = ts.make_train_step(graphdef, tx, config, meshes[8], shardings)
-    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
+    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
     state, metrics = step(state, batch)
     assert int(state.optimizer_steps) == 4 and int(metrics["optimizer_steps"]) == 4
     with pytest.raises(ValueError, match="multiple"):
-        step(state, packing.pack_sequences(sequences, MAX_LEN, rows=ROWS + 8))
+        step(state, packing.pack_sequences(sequences, MAX_LEN, rows=ROWS + 8, loss_config=LOSS))
 
 
 def test_sft_objective_shares_the_step_and_learns(tiny_model, sequences, meshes):
     config = ts.OptimizerConfig(learning_rate=3e-2, weight_decay=0.0)
     tx = ts.make_optimizer(config)
     graphdef, state, shardings = ts.init_train_state(tiny_model, tx, meshes[8])
-    step = ts.make_train_step(graphdef, tx, ts.TrainStepConfig(objective="sft", micro_batches=2),
+    step = ts.make_train_step(graphdef, tx,
+                              ts.TrainStepConfig(objective="sft", micro_batches=2, loss=LOSS),
                               meshes[8], shardings)
-    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS)
+    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
     losses = []
     for _ in range(4):
         state, metrics = step(state, batch)
