@@ -75,10 +75,12 @@ _LEFTOVER_TAGS = re.compile(r"</?(?:tool_call|tool_response|think)>")
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
-def clean_report(text: str, max_chars: int) -> str:
-    """The worker's final turn as the planner will read it: reasoning, tool-call markup and control
-    tokens removed, blank runs collapsed, cut to `max_chars` characters."""
-    text = strip_think(text)
+def clean_report(text: str, max_chars: int, keep_reasoning: bool = False) -> str:
+    """The worker's final turn as the planner will read it: reasoning (unless `keep_reasoning`:
+    then only its tags), tool-call markup and control tokens removed, blank runs collapsed, cut
+    to `max_chars` characters."""
+    if not keep_reasoning:
+        text = strip_think(text)
     text = _TOOL_MARKUP.sub("", text)
     text = _LEFTOVER_TAGS.sub("", text)
     for token in CONTROL_TOKENS:

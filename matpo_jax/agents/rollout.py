@@ -554,7 +554,9 @@ class _Engine:
         agent.finished = True
         if record.role == WORKER:
             last = record.assistant_texts[-1] if record.assistant_texts else ""
-            record.report = prompts.clean_report(last, self.cfg.report_max_chars)
+            record.report = prompts.clean_report(
+                last, self.cfg.report_max_chars,
+                keep_reasoning=self.cfg.report_reasoning == "keep")
             planner = self.agents[record.parent_id]
             index = planner.response_of_worker.pop(record.rollout_id, None)
             if index is not None:

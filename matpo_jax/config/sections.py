@@ -169,6 +169,11 @@ class RolloutSection(Section):
                                 "on (their agents give up their slots)")
     report_max_chars: int = setting(1000, "worker report handed to the planner is cut here",
                                     range=AT_LEAST_ONE)
+    # MATPO's reference release hands the planner the worker's answer without its reasoning;
+    # "keep" leaves the reasoning's text in (its <think> tags removed), for comparison.
+    report_reasoning: str = setting("strip", "the worker's reasoning in the report the planner "
+                                    "reads: strip it, or keep its text",
+                                    choices=("strip", "keep"))
     final_summary: bool = setting(True, "give a stopped worker one no-tools turn to write its "
                                   "report")
     final_summary_max_tokens: int = setting(256, "tokens of that turn (at most "

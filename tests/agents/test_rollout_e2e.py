@@ -195,3 +195,15 @@ def test_final_summary_off_reports_the_last_answer(policy, rollout):
     assert worker.report == prompts.clean_report(ADA.workers[0].answer, REPORT_MAX_CHARS)
     planner = batch.by_role(PLANNER)[0]
     assert contains(planner.tokens, policy.chat.tool_response_ids([worker.report]))
+
+
+def test_report_reasoning_keep_hands_the_planner_the_reasoning_text(policy, rollout):
+    # The default strips the worker's reasoning (test_worker_loop_search_open_summary); "keep"
+    # leaves its text, without the tags, in front of the answer the planner reads.
+    batch = rollout([ADA.question], report_reasoning="keep")
+    worker = batch.by_role(WORKER)[0]
+    assert worker.report == "d1 says it.Ada Lovelace was born in London. Source: d1."
+    assert worker.report == prompts.clean_report(ADA.workers[0].summary, REPORT_MAX_CHARS,
+                                                 keep_reasoning=True)
+    planner = batch.by_role(PLANNER)[0]
+    assert contains(planner.tokens, policy.chat.tool_response_ids([worker.report]))
