@@ -24,7 +24,9 @@ import pytest
 from matpo_jax.config import (RolloutSection, apply_overrides, base_config,
                               schema, to_typed)
 from matpo_jax.data import world_assets
-from matpo_jax.run import eval_curve, evaluation, experiment, runtime
+from matpo_jax.run import experiment, runtime
+from matpo_jax.run.eval import curve as eval_curve
+from matpo_jax.run.eval import world as eval_world
 from matpo_jax.run import rl as rl_phase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +67,7 @@ def eval_rollouts(cfg):
 
 
 def eval_questions(cfg):
-    return evaluation.eval_selection(cfg.eval, {"validation": 100, "test": 90, "train": 80})
+    return eval_world.eval_selection(cfg.eval, {"validation": 100, "test": 90, "train": 80})
 
 
 def curve_questions(cfg):
@@ -153,15 +155,19 @@ def task(cfg):
 
 
 def evaluated_datasets(cfg):
-    """The datasets run/run_eval.py evaluates (each a benchmark-evaluator call, nothing run)."""
-    from matpo_jax.run import run_eval
+    """The evaluators run/eval/registry.py builds for eval.datasets, in order (nothing run)."""
+    from matpo_jax.run.eval import protocol, registry
     calls = []
-    rt = types.SimpleNamespace(cfg=cfg, path=lambda *parts: "/".join(("/runs/x",) + parts))
-    with mock.patch.object(run_eval, "evaluate", lambda *a, **k: calls.append("synthetic") or {}), \
-            mock.patch.object(run_eval, "_benchmark_metrics",
-                              lambda rt, g, s, tag, names: calls.append(tuple(names)) or {}), \
-            mock.patch.object(run_eval, "write_json_atomic", lambda *a, **k: None):
-        run_eval.evaluate_run(rt, None, None, tag="final")
+
+    def fake(rt, name, tag, curve_questions):
+        calls.append(name)
+        return types.SimpleNamespace(run=lambda policy: protocol.Evaluation({}))
+
+    rt = types.SimpleNamespace(cfg=cfg, chat=None, toolbox=None,
+                               path=lambda *parts: "/".join(("/runs/x",) + parts))
+    with mock.patch.dict(registry.EVALUATORS, {name: fake for name in registry.EVALUATORS}), \
+            mock.patch.object(registry.report, "write_evaluation", lambda *a, **k: None):
+        registry.evaluate_run(rt, None, None, tag="final")
     return calls
 
 
