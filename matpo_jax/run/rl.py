@@ -136,14 +136,8 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
             del sampler_state
             t1 = time.perf_counter()
             # score and pack: rewards, advantages, the MATPO batch over every process's rows
-            batch, metrics = rl_batch(rt, rollout_batch.rollouts,
-                                      loader_lib.golds_of(step_questions)[share], texts,
-                                      scfg.loss, scfg.row_multiple(rt.mesh))
-            batch = with_reference(multihost.global_rows(batch,
-                                                         parallel.batch_sharding(rt.mesh)))
-            metrics.update(rollout_stats(rollout_batch.rollouts))
-            metrics.update({f"rollout/{k}": v for k, v in rollout_batch.metrics.items()
-                            if np.isscalar(v)})
+            batch, metrics = score_and_pack(rt, rollout_batch, step_questions, share, scfg)
+            batch = with_reference(batch)
             metrics.update(time_rollout_s=t1 - t0, time_batch_s=time.perf_counter() - t1)
             # Process 0 logs the whole batch's statistics (multihost.combine_metrics says how).
             metrics = multihost.combine_metrics(multihost.allgather_objects(
@@ -155,20 +149,38 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
             if evaluate_fn is not None and _evaluates_after(cfg.train, done):
                 record.update(evaluate_fn(loop.graphdef, model_state(session.state),
                                           tag=f"step{done}"))
-            if consumed is not None:  # process 0
-                consumed.write(json.dumps({"step": done, "ids": list(step_questions["id"])})
-                               + "\n")
-                consumed.flush()
+            _write_consumed(consumed, done, step_questions["id"])
             # log, save
             session.log(done, record)
             session.save(done)
     return loop.state
 
 
+def score_and_pack(rt: Runtime, rollout_batch, step_questions, share: slice, scfg):
+    """The global packed batch of this process's rollouts (rl_batch over its share of the
+    step's questions) and their metrics: rewards, packing, advantages, trajectories, engine."""
+    batch, metrics = rl_batch(rt, rollout_batch.rollouts,
+                              loader_lib.golds_of(step_questions)[share],
+                              step_questions["question"][share], scfg.loss,
+                              scfg.row_multiple(rt.mesh))
+    batch = multihost.global_rows(batch, parallel.batch_sharding(rt.mesh))
+    metrics.update(rollout_stats(rollout_batch.rollouts))
+    metrics.update({f"rollout/{k}": v for k, v in rollout_batch.metrics.items()
+                    if np.isscalar(v)})
+    return batch, metrics
+
+
 def _consumed_record(rt: Runtime):
     """consumed.jsonl opened for appending (process 0; None elsewhere)."""
     return (files.open_append(rt.path(CONSUMED_FILE)) if multihost.is_primary()
             else contextlib.nullcontext())
+
+
+def _write_consumed(consumed, step: int, ids) -> None:
+    """One line of consumed.jsonl: the question ids step `step` (1-based) trained on."""
+    if consumed is not None:  # process 0
+        consumed.write(json.dumps({"step": step, "ids": list(ids)}) + "\n")
+        consumed.flush()
 
 
 def _evaluates_after(train, step: int) -> bool:

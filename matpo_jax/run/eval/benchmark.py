@@ -2,8 +2,9 @@
 resumable.
 
     questions = benchmark_questions("frames", records)          # questions.py
-    grader = Grader("judge", judge=LLMJudge(JudgeConfig(base_url=URL, model=..., api_key_env=...)))
-    evaluation = BenchmarkEvaluator("frames", questions, grader, out_dir=D, batch_size=8).run(policy)
+    grader = Grader("judge", judge=LLMJudge(JudgeConfig(base_url=URL, model=...)))  # grading.py
+    evaluation = BenchmarkEvaluator("frames", questions, grader, out_dir=D,
+                                    batch_size=8).run(policy)                       # collect.Policy
 
 `policy.rollout_cfg.group_size` is K: each question is rolled out K times in one batch (MATPO
 planners with their workers, or single agents; whatever `rollout_cfg.mode` says). Per-question
