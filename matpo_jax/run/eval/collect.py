@@ -46,11 +46,11 @@ class Policy:
 class SampleOutcome:
     prediction: str | None  # the last \boxed{} answer of the planner / single agent
     tool_calls: int  # search / open calls of the agent and its workers
+    subagent_calls: int  # the planner's calls of the subagent tool
     worker_calls: int  # workers the planner called
     finish_reason: str
     transcript: list[dict]  # [{role, rollout_id, finish_reason, text}], the owner first
-    agents: list[Rollout] = dataclasses.field(default_factory=list)  # the owner, its workers
-    subagent_calls: int = 0  # the planner's calls of the subagent tool
+    agents: list[Rollout]  # the owner (planner or single agent), then its workers
 
     @property
     def owner(self) -> Rollout:
@@ -76,11 +76,12 @@ def sample_outcomes(rollouts: Sequence[Rollout], num_questions: int, samples: in
         table[owner.query_index][owner.sample_index] = SampleOutcome(
             prediction=rewards_lib.final_answer(owner),
             tool_calls=sum(name != _SUBAGENT for name in calls),
+            subagent_calls=sum(name == _SUBAGENT for name in calls),
             worker_calls=len(workers),
             finish_reason=owner.finish_reason,
             transcript=[{"role": a.role, "rollout_id": a.rollout_id,
                          "finish_reason": a.finish_reason, "text": text(a)} for a in agents],
-            agents=agents, subagent_calls=sum(name == _SUBAGENT for name in calls))
+            agents=agents)
     missing = [(q, s) for q in range(num_questions) for s in range(samples) if table[q][s] is None]
     if missing:
         raise RuntimeError(f"rollouts lack (question, sample) {missing[:3]}: the rollout config's "
