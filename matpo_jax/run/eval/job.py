@@ -9,7 +9,8 @@ world's, which a model trained here on the world speaks), the rollout settings (
 temperature `eval.temperature`), the tools (`tools.*`; the local search service needs a corpus:
 `corpus`, else MuSiQue's paragraphs or the synthetic world's pages when those are evaluated), the
 data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge (`reward.judge_url`,
-`reward.judge_model`, `reward.judge_api_key_env`). Output per dataset in
+`reward.judge_model`, `reward.judge_api_key_env`). Each dataset goes through the evaluator a run
+uses for a benchmark (benchmark.BenchmarkEvaluator), K samples per question: output in
 <workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md.
 """
 from __future__ import annotations
