@@ -4,9 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKDIR ?= runs/demo
+# Test workers: 2 fit a 2-core, 24 GiB machine (each holds 8 simulated devices and its own runs).
+TEST_WORKERS ?= 2
 PIP_QUIET := --quiet --disable-pip-version-check --progress-bar off
 
-.PHONY: demo test test-tpu env bench clean
+.PHONY: demo test test-tpu env bench bench-peers clean
 
 $(STAMP): setup.py
 	$(PY) -m venv $(VENV)
@@ -18,7 +20,7 @@ $(STAMP): setup.py
 env: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 # The planning tests that compile for TPU topologies (skipped by `make test`: they need libtpu,
 # ~700 MB, which no TPU-less run needs). Their own environment, so `make test` stays libtpu-free.
@@ -39,5 +41,22 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout.py
 	$(BIN)/python benchmarks/train_step.py
 
+# Side by side with Google's tunix (benchmarks/peers/): its own venv, so the project's
+# dependencies stay untouched; tunix pinned. The greedy cross-check runs first: a ratio between
+# two samplers means nothing unless they produce the same tokens.
+PEERS_VENV := .venv-peers
+TUNIX := google-tunix==0.1.7
+$(PEERS_VENV)/.installed: setup.py
+	$(PY) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install $(PIP_QUIET) -e . $(TUNIX) pytest 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PEERS_VENV)/bin/python -c "import matpo_jax, tunix.generate.sampler"
+	touch $(PEERS_VENV)/.installed
+
+bench-peers: $(PEERS_VENV)/.installed
+	$(PEERS_VENV)/bin/python benchmarks/peers/deps.py --out benchmarks/results/peers_deps.json
+	$(PEERS_VENV)/bin/python -m pytest -q -p no:cacheprovider benchmarks/peers
+	$(PEERS_VENV)/bin/python benchmarks/peers/sampler_bench.py
+	$(PEERS_VENV)/bin/python benchmarks/peers/train_step_bench.py
+
 clean:
-	rm -rf $(VENV) $(TPU_VENV) runs
+	rm -rf $(VENV) $(TPU_VENV) $(PEERS_VENV) runs

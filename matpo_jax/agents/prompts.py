@@ -65,7 +65,7 @@ def worker_recap(main_task: str, subtask: str) -> str:
 
 def malformed_call_text(reason: str) -> str:
     """Tool response shown to the model when its tool call could not be executed."""
-    return f"Error: invalid tool call ({reason}). Write exactly one valid tool call or answer."
+    return f"Error: invalid tool call ({reason}). Write valid tool calls or answer."
 
 
 _TOOL_MARKUP = re.compile(

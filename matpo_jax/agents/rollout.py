@@ -11,6 +11,13 @@ tokens to append in place, or frees the slot:
 - a worker runs its own search/open loop, then gets one no-tools final-summary turn; the cleaned,
   truncated summary is the tool response its planner receives;
 - single agents call search/open directly.
+A turn may make several calls (Qwen3's template invites "one or more"): all of them run at once,
+and their answers come back as one user turn with one `<tool_response>` per call, in call order,
+as the template renders consecutive tool messages; search/open calls past
+`max_tool_calls_per_turn` (subagent calls past `max_worker_calls_per_turn`) get an error text.
+A turn ends at `<|im_end|>` or any other eos id of the checkpoint (`ChatFormat.stop_ids`, e.g.
+Qwen3's `<|endoftext|>`, after which the template's `<|im_end|>` is written, untrained), and the
+embedding rows no token has are never sampled (`Sampling.token_count`).
 With `async_tools`, search/open calls run in the background instead: the calling agent gives up
 its slot like a waiting planner, and is queued to decode on once its results are in (slow remote
 tools then stall only their own agents, not the batch). Every sequence starts from the cached
@@ -39,11 +46,11 @@ import time
 from typing import Sequence
 
 from matpo_jax import sampler
-from matpo_jax.chat import (TOOL_CALL_OPEN, ChatFormat, MalformedToolCall, ToolCall, has_tool_call,
-                            parse_tool_call, strip_think)
+from matpo_jax.chat import (ChatFormat, MalformedToolCall, ToolCall, has_tool_call,
+                            parse_tool_call, split_tool_calls)
 from matpo_jax.agents import prompts
 from matpo_jax import tools
-from matpo_jax.config.sections import RolloutSection
+from matpo_jax.config.sections import DEFAULT_TOOL_CALLS_PER_TURN, RolloutSection
 from matpo_jax.agents.engine_options import EngineOptions
 from matpo_jax.agents.rollout_metrics import slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
@@ -99,7 +106,9 @@ def sampling_profiles(cfg: RolloutSection, chat):
                      **_stop_ids(chat)}
     worker_stops = {**stop_word_ids(chat, cfg.worker_stop_words, "rollout.worker_stop_words"),
                     **_stop_ids(chat)}
-    planner, worker = sampling(cfg), worker_sampling(cfg)
+    # Rows of the embedding past the tokenizer's last id are never drawn.
+    planner = sampling(cfg).replace(token_count=chat.id_count)
+    worker = worker_sampling(cfg).replace(token_count=chat.id_count)
     same = (worker.replace(max_turn_tokens=planner.max_turn_tokens) == planner
             and worker_stops == planner_stops)
     return planner, planner_stops, (() if same else ((worker, worker_stops),))
@@ -121,7 +130,8 @@ class RolloutBatch:
 def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
                  questions: Sequence[str], cfg: RolloutSection, rng,
                  options: EngineOptions = EngineOptions(), *,
-                 question_offset: int = 0) -> RolloutBatch:
+                 question_offset: int = 0,
+                 max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN) -> RolloutBatch:
     """Rolls out G samples per question; returns every planner, worker (or single) trajectory.
 
     cfg: the config's rollout section (evaluation passes a copy with its own group size and
@@ -132,12 +142,15 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     multi-process batch). Each trajectory samples from its own stream, a function of (global
     question index, sample index, worker ordinal within its planner), so its tokens do not depend
     on which other questions run in this process or which slot it gets (`sampling_stream`).
+    max_tool_calls_per_turn: search/open calls one turn may make (`tools.max_calls_per_turn`);
+    they all run at once and are answered in call order, the rest get an error text.
     """
     start = time.perf_counter()
     tool_counts = _tool_counts(toolbox)
     pool = concurrent.futures.ThreadPoolExecutor(options.tool_threads)
     planner_sampling, planner_stops, more_profiles = sampling_profiles(cfg, chat)
-    engine = _Engine(chat, toolbox, cfg, options, pool, worker_profile=1 if more_profiles else 0)
+    engine = _Engine(chat, toolbox, cfg, options, pool, worker_profile=1 if more_profiles else 0,
+                     max_tool_calls_per_turn=max_tool_calls_per_turn)
     try:
         engine.start(questions, question_offset)
         loop = sampler.run_slots(
@@ -183,9 +196,13 @@ def _tool_counts(toolbox) -> dict[str, int]:
 
 
 def _stop_ids(chat) -> dict[int, int]:
-    # Turns end at <|im_end|> (Qwen3 closes a tool-call turn with it too) or eos; not at
-    # </tool_call>, so the closing <|im_end|> is sampled, hence trained, as in render().
-    return {int(chat.eos_id): sampler.STOP_EOS, int(chat.im_end_id): sampler.STOP_IM_END}
+    # Turns end at <|im_end|> (Qwen3 closes a tool-call turn with it too) or at any eos id of the
+    # checkpoint (chat.stop_ids: the tokenizer's and generation_config.json's, e.g. Qwen3's
+    # <|endoftext|>); not at </tool_call>, so the closing <|im_end|> is sampled, hence trained,
+    # as in render().
+    table = {int(token): sampler.STOP_EOS for token in chat.stop_ids}
+    table[int(chat.im_end_id)] = sampler.STOP_IM_END
+    return table
 
 
 # ================================================================================ the engine
@@ -228,8 +245,10 @@ class _ToolJobs:
 
 class _Engine:
     def __init__(self, chat, toolbox, cfg: RolloutSection, options: EngineOptions, pool,
-                 worker_profile: int = 0):
+                 worker_profile: int = 0,
+                 max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN):
         self.chat, self.toolbox, self.cfg, self.options = chat, toolbox, cfg, options
+        self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.pool = pool
         self.worker_profile = worker_profile  # the sampler profile worker slots decode with
         self.agents: dict[int, _Agent] = {}
@@ -238,7 +257,8 @@ class _Engine:
                                        on_idle=self._wait_for_tools if cfg.async_tools else None)
         # async_tools: agent id -> its search/open calls in the pool
         self._in_flight: dict[int, _ToolJobs] = {}
-        self.counters = collections.Counter(worker_calls_over_limit=0, errors=0, tool_timeouts=0)
+        self.counters = collections.Counter(worker_calls_over_limit=0, tool_calls_over_limit=0,
+                                            errors=0, tool_timeouts=0)
         self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
 
     # ----------------------------------------------------------------------- starting rollouts
@@ -392,22 +412,30 @@ class _Engine:
         return calls
 
     def _parse_calls(self, agent: _Agent, text: str) -> list[_Call]:
+        """Every tool call of the turn, each parsed on its own, in the order written (a malformed
+        one is answered by its error, the others still run). A planner's subagent calls past
+        max_worker_calls_per_turn are refused in _answer_calls; search/open calls past
+        max_tool_calls_per_turn here."""
         turn = agent.record.num_turns - 1
-        if agent.record.role == PLANNER:
-            # A planner may delegate in parallel: each call is parsed on its own, and those past
-            # max_worker_calls_per_turn are refused (not run) in _answer_calls.
-            blocks = _split_tool_calls(text)
-        else:
-            blocks = [text]  # search/open: exactly one call per turn (else malformed)
-        calls = []
-        for block in blocks:
+        calls, runnable = [], 0
+        for block in split_tool_calls(text):
             try:
                 call = parse_tool_call(block, agent.tools)
             except MalformedToolCall as malformed:
                 calls.append(_Call(ToolCallRecord(turn, None, None, False, malformed.reason), None,
                                    prompts.malformed_call_text(malformed.reason)))
                 continue
-            calls.append(_Call(ToolCallRecord(turn, call.name, call.arguments, True), call))
+            record = ToolCallRecord(turn, call.name, call.arguments, True)
+            if call.name != "subagent":
+                runnable += 1
+                if runnable > self.max_tool_calls_per_turn:
+                    self.counters["tool_calls_over_limit"] += 1
+                    record.error = "not run: too many tool calls in one turn"
+                    calls.append(_Call(record, call, (
+                        f"Error: at most {self.max_tool_calls_per_turn} tool call(s) per turn; "
+                        "this one was not run.")))
+                    continue
+            calls.append(_Call(record, call))
         return calls
 
     def _run_tools(self, calls: list[_Call]) -> None:
@@ -467,7 +495,10 @@ class _Engine:
             # re-admitted when the last report is in (now, if no worker could even start).
             self._maybe_resume(agent)
             return RELEASE if agent.finished else PARK
-        return self._continue(agent, self.chat.tool_response_ids(agent.responses))
+        # One user turn, one <tool_response> per call in call order (as Qwen3's template renders
+        # consecutive tool messages).
+        return self._continue(agent, self.chat.tool_response_ids(agent.responses,
+                                                                 closed=self._closed(agent)))
 
     # ----------------------------------------------------------------------- turn transitions
     def _turn_tokens(self, role: str) -> int:
@@ -482,6 +513,12 @@ class _Engine:
 
     def _profile(self, role: str) -> int:
         return self.worker_profile if role == WORKER else 0
+
+    def _closed(self, agent: _Agent) -> bool:
+        """Whether the last sampled turn ended with <|im_end|>; a turn stopped by another eos
+        (<|endoftext|>) gets the template's <|im_end|> written after it, non-trainable."""
+        tokens = agent.record.tokens
+        return bool(tokens) and tokens[-1] == self.chat.im_end_id
 
     def _fits(self, agent: _Agent, inject_len: int) -> bool:
         if agent.in_summary:
@@ -502,8 +539,8 @@ class _Engine:
         record = agent.record
         if record.role == WORKER and self.cfg.final_summary and record.num_turns > 0:
             record.finish_reason = reason
-            closed = bool(record.tokens) and record.tokens[-1] == self.chat.im_end_id
-            ids = self.chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=closed)
+            ids = self.chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION,
+                                          closed=self._closed(agent))
             agent.in_summary = True
             if self._fits(agent, len(ids)):
                 record.append(ids, trainable=False)
@@ -529,7 +566,7 @@ class _Engine:
         """Re-admits a planner whose workers have all reported, with their reports appended."""
         if planner.response_of_worker or planner.finished or None in planner.responses:
             return
-        ids = self.chat.tool_response_ids(planner.responses)
+        ids = self.chat.tool_response_ids(planner.responses, closed=self._closed(planner))
         planner.responses = []
         if not self._fits(planner, len(ids)):
             self._finish(planner, MAX_CONTEXT)
@@ -561,13 +598,6 @@ def _priority(role: str, resumed: bool = False) -> int:
 def _tool_jobs(calls: Sequence[_Call]) -> list[_Call]:
     """The calls a tool must answer (search/open), not yet answered (malformed: by an error)."""
     return [c for c in calls if c.response is None and c.call.name != "subagent"]
-
-
-def _split_tool_calls(text: str) -> list[str]:
-    """One text per `<tool_call>` block (the last one may be unterminated)."""
-    body = strip_think(text)
-    parts = body.split(TOOL_CALL_OPEN)[1:]
-    return [TOOL_CALL_OPEN + part for part in parts]
 
 
 __all__ = ["EngineOptions", "RolloutBatch", "run_rollouts", "sampling", "worker_sampling",

@@ -42,7 +42,8 @@ def summarize_by_role(name: str, values: Sequence[float], roles: Sequence[str]) 
 
 def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """The trajectory statistics of a batch, per role (key suffix "/<role>", which the plots
-    draw side by side): lengths, turns, tool use, tool-call validity and format score, worker
+    draw side by side): lengths, turns, tool use (calls per rollout and per calling turn),
+    tool-call validity and format score, worker
     calls per planner, how rollouts ended; plus the batch's invalid tool calls and tool failures."""
     roles = [r.role for r in rollouts]
     out = {}
@@ -50,6 +51,11 @@ def rollout_stats(rollouts: Sequence[Rollout]) -> dict[str, float]:
     out.update(summarize_by_role("context_tokens", [len(r.tokens) for r in rollouts], roles))
     out.update(summarize_by_role("turns", [r.num_turns for r in rollouts], roles))
     out.update(summarize_by_role("tool_calls", [len(r.tool_calls) for r in rollouts], roles))
+    # Calls per turn that made any (parallel calls: > 1).
+    per_turn = [(r.role, n) for r in rollouts
+                for n in collections.Counter(c.turn for c in r.tool_calls).values()]
+    out.update(summarize_by_role("tool_calls_per_turn", [n for _, n in per_turn],
+                                 [role for role, _ in per_turn]))
     out.update(summarize_by_role("format_score", [r.format_score() for r in rollouts], roles))
     planners = [r for r in rollouts if r.role == PLANNER]
     out.update(summarize_by_role("worker_calls", [len(r.child_ids) for r in planners],

@@ -22,6 +22,9 @@ Text layout (Qwen3's documented format):
     <|im_start|>assistant\n{content}<|im_end|>\n
     <|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n
     <|im_start|>assistant\n                                   <- generation prompt
+With `enable_thinking=False` (Qwen3's non-thinking mode) every generation prompt, and the header
+of every assistant turn render() writes, is followed by an empty think block `<think>\n\n</think>
+\n\n` (non-trainable), as `apply_chat_template(..., enable_thinking=False)` writes it.
 Assistant content is kept verbatim (think text included). Qwen3's own template rewrites history:
 it drops the `<think>` block of assistant turns before the latest user query and re-spaces the
 think block of later ones. We deliberately do not: a rollout's history is exactly the ids the
@@ -42,6 +45,9 @@ from matpo_jax.chat.template import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
 
 _ROLES = ("system", "user", "assistant", "tool")
 TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# What Qwen3's template writes after the generation prompt in non-thinking mode.
+EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
 class ChatFormatError(ValueError):
@@ -58,8 +64,13 @@ class ChatFormat:
     """Qwen3 chat rendering over a Hugging Face tokenizer (its special tokens, wherever their ids
     are), from token-id pieces: each assistant turn, and the template text between them."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, *, eos_ids: Sequence[int] = (), enable_thinking: bool = True):
+        """eos_ids: more ids that end a turn (a checkpoint's generation_config.json eos ids).
+        enable_thinking: False writes Qwen3's empty think block after each generation prompt."""
         self.tokenizer = tokenizer
+        self.enable_thinking = bool(enable_thinking)
+        self._assistant_header = IM_START + "assistant\n" + ("" if enable_thinking
+                                                              else EMPTY_THINK)
         self._fixed_cache: dict[str, tuple[int, ...]] = {}
         self.im_start_id = self._single_token_id(IM_START)
         self.im_end_id = self._single_token_id(IM_END)
@@ -72,19 +83,30 @@ class ChatFormat:
         # Tokens that end an assistant turn's sampling (as Qwen3's generation config: <|im_end|> and
         # <|endoftext|>). A tool-call turn then reads `...</tool_call><|im_end|>`; a sampler that
         # also stops at tool_call_end_id passes closed=False to the pieces below.
-        self.stop_ids = tuple(sorted({self.eos_id, self.im_end_id, self.endoftext_id}))
+        # The checkpoint's eos ids (generation_config.json) stop a turn too.
+        self.stop_ids = tuple(sorted({self.eos_id, self.im_end_id, self.endoftext_id,
+                                      *(int(i) for i in eos_ids)}))
+        self._eos_ids = tuple(int(i) for i in eos_ids)
 
     @classmethod
-    def from_pretrained(cls, path) -> "ChatFormat":
+    def from_pretrained(cls, path, *, enable_thinking: bool = True) -> "ChatFormat":
         """Loads the tokenizer (and its special tokens) from a local Hugging Face directory, e.g. a
-        Qwen3 checkpoint's; never downloads."""
+        Qwen3 checkpoint's, with the eos ids of its generation_config.json if it has one; never
+        downloads."""
         from transformers import AutoTokenizer
 
         path = os.fspath(path)
         if not os.path.isfile(os.path.join(path, TOKENIZER_FILE)):
             raise ChatFormatError(f"{path}: no {TOKENIZER_FILE}; expected a Hugging Face tokenizer "
                                   f"directory (e.g. a Qwen3 checkpoint's)")
-        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True),
+                   eos_ids=generation_eos_ids(path), enable_thinking=enable_thinking)
+
+    def with_thinking(self, enable_thinking: bool) -> "ChatFormat":
+        """The same tokenizer and stop ids in thinking (True) or non-thinking mode."""
+        if enable_thinking == self.enable_thinking:
+            return self
+        return ChatFormat(self.tokenizer, eos_ids=self._eos_ids, enable_thinking=enable_thinking)
 
     @property
     def id_count(self) -> int:
@@ -159,8 +181,9 @@ class ChatFormat:
 
     # ----------------------------------------------------------------- incremental pieces
     def assistant_header_ids(self) -> list[int]:
-        """`<|im_start|>assistant\\n`: the generation prompt."""
-        return list(self._fixed(IM_START + "assistant\n"))
+        """`<|im_start|>assistant\\n` (and the empty think block in non-thinking mode): the
+        generation prompt."""
+        return list(self._fixed(self._assistant_header))
 
     def turn_end_ids(self, closed: bool = True) -> list[int]:
         """What follows a sampled assistant turn. `closed`: the sampled ids already end with
@@ -181,7 +204,7 @@ class ChatFormat:
 
     def _continuation(self, turn: Sequence[_Piece], closed: bool) -> list[int]:
         # One run of text, tokenised as render() tokenises it: "\n" + turn + assistant header.
-        pieces = [_Piece("\n"), *turn, _Piece(IM_START + "assistant\n")]
+        pieces = [_Piece("\n"), *turn, _Piece(self._assistant_header)]
         return ([] if closed else [self.im_end_id]) + self._ids_of(pieces)
 
     # ----------------------------------------------------------------- internals
@@ -209,7 +232,7 @@ class ChatFormat:
                 continue
             if role == "assistant":
                 pieces += [
-                    _Piece(IM_START + "assistant\n"),
+                    _Piece(self._assistant_header),
                     _Piece(_assistant_text(messages[i]), trainable=True),
                     _Piece(IM_END, trainable=True),
                     _Piece("\n"),
@@ -218,7 +241,7 @@ class ChatFormat:
                 pieces += self._plain_turn(role, messages[i]["content"])
             i += 1
         if add_generation_prompt:
-            pieces.append(_Piece(IM_START + "assistant\n"))
+            pieces.append(_Piece(self._assistant_header))
         return [p for p in pieces if p.text]
 
     @staticmethod
@@ -257,7 +280,25 @@ _TEMPLATE_PIECES = frozenset(
         f"\n{TOOL_RESPONSE_CLOSE}",
     }
     | {f"{IM_START}{role}\n" for role in _ROLES}
+    | {IM_START + "assistant\n" + EMPTY_THINK}
 )
+
+
+def generation_eos_ids(path: str) -> tuple[int, ...]:
+    """The eos ids of a checkpoint directory's generation_config.json (none without the file)."""
+    file = os.path.join(path, GENERATION_CONFIG_FILE)
+    if not os.path.isfile(file):
+        return ()
+    try:
+        with open(file, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ChatFormatError(f"{file}: not a readable JSON object ({error})") from None
+    eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+        raise ChatFormatError(f"{file}: eos_token_id must be a token id or a list of them, "
+                              f"got {eos!r}")
+    return tuple(eos)
 
 
 def _check_message(index: int, message: Mapping[str, Any]) -> dict:

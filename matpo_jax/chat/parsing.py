@@ -40,7 +40,8 @@ def tool_parameters(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def parse_tool_call(text: str, tools: Sequence[Mapping[str, Any]]) -> ToolCall:
-    """The one tool call in an assistant turn, checked against the tools in that role's prompt.
+    """The one tool call in a text (a turn, or one block of split_tool_calls), checked against
+    the tools in that role's prompt.
 
     Raises MalformedToolCall(reason), and nothing else, when there is no call or more than one, a
     tag is unterminated, the body is not a JSON object {"name": str, "arguments": object} (JSON
@@ -75,6 +76,14 @@ def parse_tool_call(text: str, tools: Sequence[Mapping[str, Any]]) -> ToolCall:
         raise MalformedToolCall(f"'arguments' of {name} must be a JSON object")
     check_arguments(name, arguments, tool_parameters(by_name[name]))
     return ToolCall(name, arguments)
+
+
+def split_tool_calls(text: str) -> list[str]:
+    """One text per `<tool_call>` block of the think-stripped turn, in the order written (the
+    last may be unterminated): a turn may call several tools, as Qwen3's template allows ("You
+    may call one or more functions"); each block is read by parse_tool_call."""
+    parts = strip_think(text).split(TOOL_CALL_OPEN)[1:]
+    return [TOOL_CALL_OPEN + part for part in parts]
 
 
 def _load_json(raw: str) -> Any:
@@ -169,6 +178,15 @@ def extract_boxed(text: str) -> str | None:
 
 
 _THINK_BLOCK = re.compile(re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), re.DOTALL)
+
+
+def answer_text(text: str) -> str:
+    """What a turn answers, outside its reasoning: the text after the last `</think>` (all of it
+    when there is none), less an unterminated `<think>...` (reasoning cut off by the turn cap).
+    A `\\boxed{}` written only while thinking is therefore no answer."""
+    if THINK_CLOSE in text:
+        text = text.rsplit(THINK_CLOSE, 1)[1]
+    return text.split(THINK_OPEN, 1)[0]
 
 
 def strip_think(text: str) -> str:

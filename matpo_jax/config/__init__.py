@@ -14,9 +14,9 @@ from matpo_jax.config.errors import ConfigError
 from matpo_jax.config.fields import FieldSpec, Interval
 from matpo_jax.config.files import load_config_file, read_saved_config, save_config
 from matpo_jax.config.resume import RESUME_SAFE_FIELDS, check_resume, config_changes
-from matpo_jax.config.sections import (ArchSection, DataSection, EvalSection, ExperimentConfig,
-                                       MeshSection, ModelSection, RewardSection, RLSection,
-                                       PretrainSection, RolloutSection, SFTSection, ToolsSection,
-                                       TrainSection,
+from matpo_jax.config.sections import (ArchSection, ChatSection, DataSection, EvalSection,
+                                       ExperimentConfig, MeshSection, ModelSection, RewardSection,
+                                       RLSection, PretrainSection, RolloutSection, SFTSection,
+                                       ToolsSection, TrainSection,
                                        PUBLISHED_SPLITS, sft_modes)
 from matpo_jax.config.validation import to_typed, validate_config

@@ -27,6 +27,9 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
 
+# Search/open calls one assistant turn may make (tools.max_calls_per_turn's default).
+DEFAULT_TOOL_CALLS_PER_TURN = 4
+
 # ------------------------------------------------------------------------------------------ model
 @dataclasses.dataclass(frozen=True)
 class ArchSection(Section):
@@ -214,6 +217,20 @@ class RolloutSection(Section):
         return problems
 
 
+# ------------------------------------------------------------------------------------------- chat
+@dataclasses.dataclass(frozen=True)
+class ChatSection(Section):
+    """How prompts are written for the model (chat/format.py ChatFormat)."""
+
+    PATH = "chat"
+    # Qwen3's template default. Off, every generation prompt ends with an empty think block
+    # (`<think>\n\n</think>\n\n`), Qwen3's non-thinking mode: the model answers without reasoning
+    # (shorter turns), as `apply_chat_template(..., enable_thinking=False)` asks it to.
+    enable_thinking: bool = setting(True, "the model may reason in <think> before each turn; "
+                                    "False: Qwen3's non-thinking mode (an empty think block after "
+                                    "every generation prompt)")
+
+
 # ------------------------------------------------------------------------------------------ tools
 @dataclasses.dataclass(frozen=True)
 class ToolsSection(Section):
@@ -244,6 +261,11 @@ class ToolsSection(Section):
                                 range=POSITIVE)
     retries: int = setting(2, "extra attempts after the first", range=NON_NEGATIVE)
     max_response_chars: int = setting(2000, "tool output is cut here before entering the context",
+                                      range=AT_LEAST_ONE)
+    # Qwen3 emits parallel calls ("You may call one or more functions"): they run at once, each
+    # answered by its own <tool_response> of one user turn, in call order.
+    max_calls_per_turn: int = setting(DEFAULT_TOOL_CALLS_PER_TURN, "search/open calls one turn "
+                                      "may make; the rest get an error text",
                                       range=AT_LEAST_ONE)
 
 
@@ -314,7 +336,10 @@ class RLSection(Section):
     # One more forward and backward per optimizer step (docs/METHOD.md section 11).
     role_grad_norms: bool = setting(False, "also log the gradient norm of the planner tokens' "
                                     "and of the worker tokens' share of the loss")
-    pack_rows: int = setting(8, "rows of one packed micro-batch (a fixed shape: one compile)",
+    # The rows grow past pack_rows in buckets with the batch's tokens, and the train step's
+    # memory with rows / micro_batches: raise micro_batches for a large batch.
+    pack_rows: int = setting(8, "the fewest rows of a packed RL batch (more in buckets of "
+                             "pack_rows x 2^k as the rollouts need; each bucket one compile)",
                              range=AT_LEAST_ONE)
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
                             range=AT_LEAST_ONE)
@@ -460,6 +485,7 @@ class ExperimentConfig:
     mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
     data: DataSection = dataclasses.field(default_factory=DataSection)
     rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
+    chat: ChatSection = dataclasses.field(default_factory=ChatSection)
     tools: ToolsSection = dataclasses.field(default_factory=ToolsSection)
     reward: RewardSection = dataclasses.field(default_factory=RewardSection)
     rl: RLSection = dataclasses.field(default_factory=RLSection)

@@ -155,7 +155,8 @@ def local_rows(array) -> np.ndarray:
 _SUMMED = ("rollouts/", "invalid_tool_calls", "tool_failures", "reward/judge_failures",
            "packed_rows", "trained_tokens", "trained_sequences", "sequences",
            "rollout/decode_steps", "rollout/host_calls",
-           "rollout/errors", "rollout/tool_timeouts", "rollout/worker_calls_over_limit")
+           "rollout/errors", "rollout/tool_timeouts", "rollout/worker_calls_over_limit",
+           "rollout/tool_calls_over_limit")
 
 
 _RATIOS = {"trained_sequence_frac": ("trained_sequences", "sequences")}

@@ -22,7 +22,7 @@ import numpy as np
 
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
 from matpo_jax.rl.judge import CORRECT, LLMJudge
-from matpo_jax.chat import extract_boxed  # noqa: F401  (part of this module's API)
+from matpo_jax.chat import answer_text, extract_boxed  # noqa: F401  (extract_boxed: re-exported)
 from matpo_jax.config.sections import FORMAT_CREDITS, RewardSection, RolloutSection
 
 ACCURACY_METHODS = ("exact", "f1", "judge")
@@ -64,9 +64,10 @@ def default_reward_config() -> RewardConfig:
 # extract_boxed (re-exported): the chat format's parser, so rollouts and rewards agree on answers.
 
 def final_answer(rollout: Rollout) -> str | None:
-    """The last boxed answer over the rollout's own sampled turns (latest turn wins)."""
+    """The last boxed answer over the rollout's own sampled turns (latest turn wins), read
+    outside the reasoning (`chat.answer_text`): a box only in think text is no answer."""
     for text in reversed(rollout.assistant_texts):
-        answer = extract_boxed(text)
+        answer = extract_boxed(answer_text(text))
         if answer is not None:
             return answer
     return None

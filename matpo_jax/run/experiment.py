@@ -31,7 +31,8 @@ from matpo_jax.run import startup_checks
 from matpo_jax.run.eval import curve as eval_curve
 from matpo_jax.run.eval.registry import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
-from matpo_jax.run.runtime import Runtime, build_model, make_judge, make_mesh, make_toolbox
+from matpo_jax.run.runtime import (Runtime, build_model, make_judge, make_mesh, make_toolbox,
+                                   run_chat)
 from matpo_jax.run.sft import run_sft
 from matpo_jax.run.workdir_lock import workdir_lock
 from matpo_jax.tools.search_server import SearchServer
@@ -56,19 +57,30 @@ def uses_local_service(cfg: ExperimentConfig, assets) -> bool:
                                                and not tools.page_url)
 
 
-def _cached_eval(rt: Runtime, tag: str, compute):
+def _cached_eval(rt: Runtime, tag: str, compute, *, valid=lambda: True):
     """An evaluation already on disk is not run again (a resumed run keeps its SFT baseline);
-    one that does not parse (torn by a crash before writes were atomic) is run again.
-    Several processes follow process 0's file (evaluating is collective)."""
+    one that does not parse (torn by a crash before writes were atomic), or that `valid()` says
+    belongs to other parameters, is run again. Several processes follow process 0's file
+    (evaluating is collective)."""
     path = rt.path("eval", f"{tag}.json")
     cached = None
-    if multihost.is_primary() and files.run_path(path).exists():
+    if multihost.is_primary() and files.run_path(path).exists() and valid():
         try:
             cached = json.loads(files.run_path(path).read_text(encoding="utf-8"))
         except ValueError:  # JSONDecodeError, or undecodable bytes
             log.warning("%s does not parse; evaluating again", path)
     cached = multihost.broadcast_object(cached)
     return compute() if cached is None else cached
+
+
+def _finished_at(rt: Runtime) -> int | None:
+    """The RL steps of the run the workdir's summary records as finished (None: no summary, or
+    one from before summaries recorded them)."""
+    path = files.run_path(rt.path(SUMMARY_FILE))
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("rl_steps")
+    except (FileNotFoundError, ValueError, AttributeError):
+        return None
 
 
 def _write_summary(rt: Runtime, summary: dict) -> dict:
@@ -115,7 +127,8 @@ def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
                   if uses_local_service(cfg, assets) else None)
         if server is not None:
             log.info("local search service over %s", assets.corpus_path)
-        rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets, chat=assets.chat,
+        rt = Runtime(cfg=cfg, workdir=workdir, mesh=mesh, assets=assets,
+                     chat=run_chat(cfg, assets.chat),
                      toolbox=make_toolbox(cfg.tools, server.url if server else None),
                      judge=make_judge(cfg.reward))
         primary = jax.process_index() == 0
@@ -140,11 +153,14 @@ def _run_experiment(cfg: ExperimentConfig, workdir: str) -> dict:
         with metrics_lib.MetricsWriter(workdir, enabled=primary, resume_step=resume_step) as writer:
             writer.write_once(0, sft_eval)  # a resumed run has logged it already
             state = run_rl(rt, graphdef, sft_state.params, sft_state.frozen, writer, periodic_fn)
+            # eval/final.json is this run's only if the summary says the run finished at this
+            # step: a finished run extended by train.steps evaluates its new parameters.
             final_eval = _cached_eval(rt, "final",
-                                      lambda: eval_fn(graphdef, model_state(state), "final"))
+                                      lambda: eval_fn(graphdef, model_state(state), "final"),
+                                      valid=lambda: _finished_at(rt) == cfg.train.steps)
             writer.write_once(cfg.train.steps, final_eval)
     summary = {"sft_eval": sft_eval, "final_eval": final_eval, "workdir": files.absolute(workdir),
-               "mode": cfg.rollout.mode}
+               "mode": cfg.rollout.mode, "rl_steps": cfg.train.steps}
     _write_summary(rt, summary)
     if primary:
         plots.plot_run(rt.path(metrics_lib.METRICS_FILE), rt.path("plots"))

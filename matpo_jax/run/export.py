@@ -174,6 +174,7 @@ def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
     local_out = tempfile.mkdtemp(prefix="matpo_export_") if files.is_remote(out) else out
     try:
         save_params(config, params, local_out, dtype)
+        _keep_source_config_fields(run_cfg, local_out)
         for name in TOKENIZER_FILES:
             if os.path.isfile(os.path.join(tokenizer_dir, name)):
                 shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(local_out, name))
@@ -184,6 +185,29 @@ def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
         if local_out != out:
             shutil.rmtree(local_out, ignore_errors=True)
     return Exported(out=out, step=step, config=config, tokenizer_dir=tokenizer_dir)
+
+
+def _keep_source_config_fields(run_cfg, out: str) -> None:
+    """config.json keeps every field of the starting checkpoint's that the export does not write
+    (Qwen3's bos/eos_token_id, max_window_layers, use_cache, ...); the written ones win, and an
+    older `torch_dtype` follows the written `dtype`."""
+    source = run_cfg.model.hf_checkpoint
+    source_file = os.path.join(source, RUN_CONFIG_FILE) if source else None
+    if not source_file or not os.path.isfile(source_file):
+        return
+    with open(source_file, encoding="utf-8") as f:
+        try:
+            kept = json.load(f)
+        except ValueError as error:
+            raise ExportError(f"{source_file}: not JSON ({error})") from None
+    written_file = os.path.join(out, RUN_CONFIG_FILE)
+    with open(written_file, encoding="utf-8") as f:
+        written = json.load(f)
+    merged = {**kept, **written}
+    if "torch_dtype" in kept:
+        merged["torch_dtype"] = written["dtype"]
+    with open(written_file, "w", encoding="utf-8") as f:
+        json.dump(merged, f, indent=2)
 
 
 def _write_generation_config(run_cfg, chat: ChatFormat, out: str) -> None:

@@ -38,7 +38,7 @@ from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import step as step_lib
 from matpo_jax.run.runtime import (Runtime, loop_config, optimizer_config, reward_config,
-                                   rng_for, rollout_config, step_config)
+                                   rng_for, rollout_config, step_config, tool_calls_per_turn)
 
 log = logging.getLogger(__name__)
 CONSUMED_FILE = "consumed.jsonl"
@@ -132,7 +132,8 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
             sampler_state = multihost.to_local(model_state(session.state), sampler_mesh)
             rollout_batch = run_rollouts(sampler_state, loop.graphdef, rt.chat, rt.toolbox, texts,
                                          rcfg, rng_for(cfg.train.seed, 1, step),
-                                         question_offset=share.start)
+                                         question_offset=share.start,
+                                         max_tool_calls_per_turn=tool_calls_per_turn(cfg))
             del sampler_state
             t1 = time.perf_counter()
             # score and pack: rewards, advantages, the MATPO batch over every process's rows

@@ -176,6 +176,17 @@ def rollout_config(cfg: ExperimentConfig, *, evaluation: bool = False) -> Rollou
     return cfg.rollout
 
 
+def tool_calls_per_turn(cfg: ExperimentConfig) -> int:
+    """run_rollouts' max_tool_calls_per_turn: the search/open calls one turn may make (they run
+    at once; the rest are answered by an error text)."""
+    return cfg.tools.max_calls_per_turn
+
+
+def run_chat(cfg: ExperimentConfig, chat: ChatFormat) -> ChatFormat:
+    """The chat format a run speaks: its tokenizer's, in `chat.enable_thinking`'s mode."""
+    return chat.with_thinking(cfg.chat.enable_thinking)
+
+
 def reward_config(cfg: ExperimentConfig) -> rewards_lib.RewardConfig:
     return rewards_lib.RewardConfig(mode=cfg.rollout.mode, method=cfg.reward.method,
                                     f1_threshold=cfg.reward.f1_threshold,

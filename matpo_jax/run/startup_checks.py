@@ -39,6 +39,7 @@ def check_prompts_fit(cfg: ExperimentConfig, assets) -> int:
     can get (an empty sub-task). Returns the longest first prompt's length."""
     ro = cfg.rollout
     top_role = PLANNER if ro.mode == "matpo" else SINGLE
+    chat = assets.chat.with_thinking(cfg.chat.enable_thinking)  # the prompts the run writes
     longest, where = 0, ""
     for split in _checked_splits(cfg):
         source = assets.source(split)
@@ -49,17 +50,17 @@ def check_prompts_fit(cfg: ExperimentConfig, assets) -> int:
         # for a tokenizer far from a steady few characters a token), at a fraction of the cost.
         candidates = sorted(range(len(questions)), key=lambda i: -len(questions[i]))[:64]
         for i in candidates:
-            n = first_prompt_length(assets.chat, top_role, prompts.question_prompt(questions[i]))
+            n = first_prompt_length(chat, top_role, prompts.question_prompt(questions[i]))
             if n > longest:
                 longest, where = n, f"the {top_role} prompt of {split} question {i}"
         if ro.mode == "matpo":
             recap = (prompts.worker_recap(questions[candidates[0]], "") if ro.user_query_recap
                      else "")
             # A worker keeps room for its final summary: the instruction and the turn.
-            reserve = (len(assets.chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION,
-                                                     closed=False)) + ro.summary_tokens
+            reserve = (len(chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION,
+                                              closed=False)) + ro.summary_tokens
                        if ro.final_summary else 0)
-            n = first_prompt_length(assets.chat, WORKER, recap) + reserve
+            n = first_prompt_length(chat, WORKER, recap) + reserve
             if n > longest:
                 longest, where = n, (f"a worker's prompt for {split} question {candidates[0]}"
                                      + (f", plus the {reserve} kept for its final summary"

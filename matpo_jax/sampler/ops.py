@@ -23,6 +23,9 @@ class Sampling:
 
     temperature 0 or greedy=True picks the argmax (top_k/top_p are then ignored); top_k 0 and
     top_p 1.0 switch those truncations off. max_turn_tokens caps the tokens of one assistant turn.
+    token_count: only ids below it are drawn (greedy too): a checkpoint's embedding has rows past
+    its tokenizer's last id (Qwen3: 151,936 rows, 151,669 tokens), which decode to nothing.
+    0: every row. Like top-k/top-p it truncates the draw, not the recorded log-prob.
     """
 
     temperature: float = 1.0
@@ -30,6 +33,7 @@ class Sampling:
     top_k: int = 0
     greedy: bool = False
     max_turn_tokens: int = 256
+    token_count: int = 0
 
     def __post_init__(self):
         if not self.temperature >= 0.0:
@@ -38,6 +42,9 @@ class Sampling:
             raise SamplingConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise SamplingConfigError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not isinstance(self.token_count, int) or self.token_count < 0:
+            raise SamplingConfigError(
+                f"token_count must be an integer >= 0 (0: no limit), got {self.token_count!r}")
         if not isinstance(self.max_turn_tokens, int) or self.max_turn_tokens <= 0:
             raise SamplingConfigError(
                 f"max_turn_tokens must be a positive integer, got {self.max_turn_tokens!r}")
@@ -74,6 +81,13 @@ def truncate_top_p(logits: jax.Array, p: float) -> jax.Array:
     return _truncate_top_p_rows(logits, p)  # a scalar mass broadcasts over the rows
 
 
+def drop_non_tokens(logits: jax.Array, token_count: int) -> jax.Array:
+    """-inf at the ids >= token_count (rows of the embedding no token has); 0: unchanged."""
+    if token_count <= 0 or token_count >= logits.shape[-1]:
+        return logits
+    return jnp.where(jnp.arange(logits.shape[-1]) >= token_count, _NEG_INF, logits)
+
+
 def draw_keys(rng: jax.Array, streams: jax.Array, positions: jax.Array) -> jax.Array:
     """One key per row: fold_in(fold_in(rng, stream), position). A draw depends only on the
     trajectory's stream id (set by the host when a sequence takes a slot) and the cache position
@@ -95,10 +109,11 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, sampling: Sampling
     logits = logits.astype(jnp.float32)
     scaled = logits / sampling.logprob_temperature
     top = jnp.max(scaled, axis=-1, keepdims=True)
+    drawable = drop_non_tokens(scaled, sampling.token_count)
     if sampling.is_greedy:
-        tokens = first_index_of_max(scaled, top)
+        tokens = first_index_of_max(drawable, top if drawable is scaled else None)
     else:
-        truncated = truncate_top_p(truncate_top_k(scaled, sampling.top_k), sampling.top_p)
+        truncated = truncate_top_p(truncate_top_k(drawable, sampling.top_k), sampling.top_p)
         # jax.random.categorical's Gumbel-max draw, with the fast argmax below.
         noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:]))(keys)
         tokens = first_index_of_max(truncated + noise)
@@ -133,6 +148,9 @@ def sample_tokens_per_row(logits: jax.Array, keys: jax.Array, profiles: tuple[Sa
     if len({p.top_k for p in profiles}) > 1:
         raise SamplingConfigError(f"profiles differ in top_k {[p.top_k for p in profiles]}: "
                                   "one decode batch truncates to one top_k")
+    if len({p.token_count for p in profiles}) > 1:
+        raise SamplingConfigError(f"profiles differ in token_count "
+                                  f"{[p.token_count for p in profiles]}: one vocabulary per batch")
     pick = lambda values, dtype: jnp.asarray(values, dtype)[profile_ids]  # noqa: E731
     temperature = pick([p.logprob_temperature for p in profiles], jnp.float32)[:, None]
     top_p = pick([p.top_p for p in profiles], jnp.float32)[:, None]
@@ -140,12 +158,13 @@ def sample_tokens_per_row(logits: jax.Array, keys: jax.Array, profiles: tuple[Sa
     logits = logits.astype(jnp.float32)
     scaled = logits / temperature
     top = jnp.max(scaled, axis=-1, keepdims=True)
-    truncated = truncate_top_k(scaled, profiles[0].top_k)
+    drawable = drop_non_tokens(scaled, profiles[0].token_count)
+    truncated = truncate_top_k(drawable, profiles[0].top_k)
     if any(p.top_p < 1.0 for p in profiles if not p.is_greedy):
         nucleus = _truncate_top_p_rows(truncated, top_p)
         truncated = jnp.where(top_p < 1.0, nucleus, truncated)
     noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:]))(keys)
-    tokens = jnp.where(greedy, first_index_of_max(scaled, top),
+    tokens = jnp.where(greedy, first_index_of_max(drawable, top if drawable is scaled else None),
                        first_index_of_max(truncated + noise))
     log_total = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
     chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]

@@ -1,6 +1,6 @@
-"""ChatFormat over a Qwen3-format tokenizer (Qwen3's added-token ids, its chat template): the ids
-equal `apply_chat_template` where the template keeps history as written, and rollout contexts are
-built token-in/token-out where it does not."""
+"""ChatFormat over the real Qwen3 tokenizer and its official chat template (fixtures/
+qwen3_real_tokenizer.py): the ids equal `apply_chat_template` where the template keeps history as
+written, and rollout contexts are built token-in/token-out where it does not."""
 import numpy as np
 import pytest
 
@@ -20,8 +20,8 @@ RESULTS = ["1. Northwind Company (id: doc-northwind)\nIts founder was Alice More
 
 
 @pytest.fixture(scope="module")
-def qwen3_chat(qwen3_tokenizer_dir):
-    return ChatFormat.from_pretrained(qwen3_tokenizer_dir)
+def qwen3_chat(real_qwen3_tokenizer_dir):
+    return ChatFormat.from_pretrained(real_qwen3_tokenizer_dir)
 
 
 def template_ids(chat, messages, **kwargs):
@@ -110,7 +110,9 @@ def test_rollout_context_grows_by_appending_only(qwen3_chat):
     rng = np.random.default_rng(0)
     system = {"role": "system", "content": cf.system_prompt("You are a worker.", TOOLS)}
     user = {"role": "user", "content": "Where was Alice born?"}
-    sampled = [list(rng.integers(0, 151643, 12)) + cf.encode(CALL) + [cf.im_end_id],
+    # " Northwind" spelt letter by letter: ids a model may sample that BPE would never produce.
+    spelt = [i for letter in " Northwind" for i in cf.encode(letter)]
+    sampled = [list(rng.integers(0, 151643, 12)) + spelt + cf.encode(CALL) + [cf.im_end_id],
                list(rng.integers(0, 151643, 9)) + cf.encode(CALL),  # stopped at </tool_call>
                list(rng.integers(0, 151643, 7)) + [cf.im_end_id],
                cf.encode("Conclusion: Lyon.") + [cf.im_end_id]]
@@ -143,3 +145,67 @@ def test_rollout_context_grows_by_appending_only(qwen3_chat):
 def test_missing_tokenizer_is_one_clear_line(tmp_path):
     with pytest.raises(ChatFormatError, match="no tokenizer.json"):
         ChatFormat.from_pretrained(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def qwen3_chat_no_thinking(real_qwen3_tokenizer_dir):
+    return ChatFormat.from_pretrained(real_qwen3_tokenizer_dir, enable_thinking=False)
+
+
+def test_non_thinking_mode_equals_apply_chat_template_with_enable_thinking_false(
+        qwen3_chat, qwen3_chat_no_thinking):
+    """chat.enable_thinking=False: every generation prompt ends with Qwen3's empty think block,
+    as the official template writes it; the default (thinking) is the template's default."""
+    cf = qwen3_chat_no_thinking
+    system = {"role": "system", "content": "You are a worker."}
+    user = {"role": "user", "content": "Where was the founder of Northwind born?"}
+    answer = {"role": "assistant", "content": "She was born in \\boxed{Lyon}."}
+    assert cf.prompt_ids([system, user], tools=TOOLS) == template_ids(
+        cf, [system, user], tools=TOOLS, add_generation_prompt=True, enable_thinking=False)
+    assert qwen3_chat.prompt_ids([system, user], tools=TOOLS) == template_ids(
+        qwen3_chat, [system, user], tools=TOOLS, add_generation_prompt=True)
+    # The answer turn as the template renders the newest one: after an empty think block.
+    ids, trainable = cf.render([system, user, answer], tools=TOOLS)
+    assert ids == template_ids(cf, [system, user, answer], tools=TOOLS, enable_thinking=False)
+    assert cf.decode([i for i, t in zip(ids, trainable) if t]) == answer["content"] + "<|im_end|>"
+    # Every later generation prompt (after tool responses, the summary instruction) too.
+    empty_think = cf.encode("<think>\n\n</think>\n\n")
+    for block in (cf.tool_response_ids(RESULTS), cf.user_turn_ids("Summarise."),
+                  cf.assistant_header_ids()):
+        assert block[-len(empty_think):] == empty_think
+    assert qwen3_chat.tool_response_ids(RESULTS)[-len(empty_think):] != empty_think
+    assert qwen3_chat.with_thinking(False).prompt_ids([system, user]) == cf.prompt_ids(
+        [system, user])
+
+
+def test_stop_ids_hold_every_eos_id_of_the_generation_config(real_qwen3_tokenizer_dir, tmp_path):
+    """Qwen3's generation_config.json stops at <|im_end|> and <|endoftext|>; any further eos id
+    a checkpoint lists stops a turn too, and a broken file is one clear error."""
+    import json
+    import shutil
+
+    assert ChatFormat.from_pretrained(real_qwen3_tokenizer_dir).stop_ids == (151643, 151645)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(real_qwen3_tokenizer_dir / name, tmp_path / name)
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [151645, 151643, 151662]}))  # <|fim_pad|> as a third eos
+    assert ChatFormat.from_pretrained(tmp_path).stop_ids == (151643, 151645, 151662)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "<|im_end|>"}))
+    with pytest.raises(ChatFormatError, match="generation_config.json: eos_token_id must be"):
+        ChatFormat.from_pretrained(tmp_path)
+
+
+def test_parallel_tool_calls_split_in_call_order(qwen3_chat):
+    """A Qwen3 turn with several calls (the structured_calls layout above) is read as one text
+    per call, in order; the think text before them is not a call."""
+    from matpo_jax.chat import parse_tool_call, split_tool_calls
+
+    structured = {"role": "assistant", "content": "<think>\nTwo lookups.\n</think>\n\n",
+                  "tool_calls": [{"type": "function", "function": {
+                      "name": "search", "arguments": {"query": "Lyon"}}},
+                      {"type": "function", "function": {"name": "open",
+                                                        "arguments": {"id": "doc-alice"}}}]}
+    text = qwen3_chat.decode(qwen3_chat.render([structured])[0])
+    blocks = split_tool_calls(text)
+    assert [(c.name, c.arguments) for c in (parse_tool_call(b, TOOLS) for b in blocks)] == [
+        ("search", {"query": "Lyon"}), ("open", {"id": "doc-alice"})]

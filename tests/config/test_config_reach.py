@@ -91,6 +91,23 @@ def tool_clients(cfg):
     return _settings_of(box.clients["search"]), _settings_of(box.clients["open"])
 
 
+def tool_calls_per_turn(cfg):
+    """The cap run_rollouts receives (run/rl.py, run/eval/registry.py, the benchmark job)."""
+    return runtime.tool_calls_per_turn(cfg)
+
+
+class _ModeRecorder:
+    """Stands for the tokenizer's ChatFormat: records the mode the run asks for."""
+
+    def with_thinking(self, enable_thinking):
+        return ("chat format, thinking", enable_thinking)
+
+
+def chat_mode(cfg):
+    """The chat format the run's Runtime gets (run/experiment.py, the benchmark job)."""
+    return runtime.run_chat(cfg, _ModeRecorder())
+
+
 def rewards(cfg):
     return runtime.reward_config(cfg)
 
@@ -283,6 +300,8 @@ REACH: dict[str, Reach] = {
     "tools.reader_key_env": Reach(tool_clients, "READER_KEY", {"tools.page_backend": "reader",
                                                                 "tools.reader_url": "http://127.0.0.1:6"}),
     "tools.cache_dir": Reach(tool_clients, os.path.join(tempfile.gettempdir(), "matpo-reach-cache")),
+    "tools.max_calls_per_turn": Reach(tool_calls_per_turn),
+    "chat.enable_thinking": Reach(chat_mode),
     "reward.method": Reach(rewards, "f1"),
     "reward.f1_threshold": Reach(rewards),
     "reward.format_credit": Reach(rewards, "when_correct"),

@@ -59,14 +59,14 @@ def test_published_splits_are_the_builders_splits(tmp_path):
         assert tuple(sorted(sources)) == tuple(sorted(splits)), name
 
 
-def test_published_dataset_files_are_named_by_the_field(tmp_path, qwen3_tokenizer_dir):
+def test_published_dataset_files_are_named_by_the_field(tmp_path, real_qwen3_tokenizer_dir):
     """No data.manual_dir, or one without the files: one line naming data.manual_dir."""
     from matpo_jax.data.task_assets import prepare_task
 
     def offline(**overrides):
         cfg = load_config_file(REPO / "configs" / "qwen3_0_6b_musique.py", "offline")
         return to_typed(apply_overrides(cfg, {"model.hf_checkpoint": None,
-                                              "model.tokenizer": str(qwen3_tokenizer_dir),
+                                              "model.tokenizer": str(real_qwen3_tokenizer_dir),
                                               **overrides}), check_files=False)
 
     with pytest.raises(ConfigError, match=r"^data.manual_dir: not set, and musique is not "
@@ -78,6 +78,6 @@ def test_published_dataset_files_are_named_by_the_field(tmp_path, qwen3_tokenize
                      str(tmp_path / "tfds"))
     fixtures = REPO / "tests" / "data" / "fixtures"
     assets = prepare_task(offline(**{"data.manual_dir": str(fixtures)}), str(tmp_path / "tfds"))
-    assert assets.world is None and assets.tokenizer_dir == str(qwen3_tokenizer_dir)
+    assert assets.world is None and assets.tokenizer_dir == str(real_qwen3_tokenizer_dir)
     assert assets.corpus_path.endswith("musique/ans/1.0.0/corpus.jsonl")
     assert len(assets.source("train")) == 3 and len(assets.source("validation")) == 2

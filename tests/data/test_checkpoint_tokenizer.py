@@ -30,13 +30,13 @@ def test_checkpoint_tokenizer_replaces_the_trained_one(tmp_path, qwen3_checkpoin
     assert trained_tokenizers(tmp_path) == []  # nothing trained on the synthetic corpus
 
 
-def test_model_tokenizer_wins_and_must_fit_the_vocabulary(tmp_path, qwen3_tokenizer_dir,
+def test_model_tokenizer_wins_and_must_fit_the_vocabulary(tmp_path, real_qwen3_tokenizer_dir,
                                                           untied_checkpoint):
     # model.tokenizer with the config's own small model: 3072 rows cannot hold id 151668.
     with pytest.raises(ConfigError, match=r"model.arch.vocab_size = 3072: the tokenizer in .* "
                                           r"\(model.tokenizer\) uses ids up to 151668"):
-        prepare_world(config(**{"model.tokenizer": str(qwen3_tokenizer_dir)}), str(tmp_path))
-    cfg = config(**{"model.tokenizer": str(qwen3_tokenizer_dir), "model.arch.vocab_size": 151680})
+        prepare_world(config(**{"model.tokenizer": str(real_qwen3_tokenizer_dir)}), str(tmp_path))
+    cfg = config(**{"model.tokenizer": str(real_qwen3_tokenizer_dir), "model.arch.vocab_size": 151680})
     assert prepare_world(cfg, str(tmp_path)).chat.id_count == 151669
     # A checkpoint without tokenizer files, and no model.tokenizer: named in one line.
     with pytest.raises(ConfigError, match=r"model.hf_checkpoint = .*: .*no tokenizer.json"):

@@ -42,6 +42,22 @@ def test_answer_comes_only_from_the_planners_own_turns():
     assert rewards.rollout_rewards([silent], ["paris"], MATPO_EXACT)[2].accuracy == 0.0
 
 
+def test_the_answer_is_read_after_the_thinking():
+    """Qwen3 reasons inside <think>...</think> and answers after it: a box written only while
+    thinking is no answer (it scores 0), and a box after the last </think> is the answer."""
+    thought_only = Rollout(0, PLANNER, 0, 0, None, assistant_texts=[
+        "<think>\nMaybe \\boxed{Paris}? Let me check.\n</think>\n\nI could not find it."])
+    assert rewards.final_answer(thought_only) is None
+    assert rewards.rollout_rewards([thought_only], ["paris"], MATPO_EXACT)[0].accuracy == 0.0
+    cut_off = Rollout(1, PLANNER, 0, 1, None, assistant_texts=[
+        "<think>\nIt is \\boxed{Paris}, I think"])  # the turn cap hit inside the reasoning
+    assert rewards.final_answer(cut_off) is None
+    answered = Rollout(2, PLANNER, 0, 2, None, assistant_texts=[
+        "<think>\nNot \\boxed{Rome}.\n</think>\n\nIt is \\boxed{Paris}.",
+        "<think>\nA last check: \\boxed{Lyon}?\n</think>\n\nDone."])
+    assert rewards.final_answer(answered) == "Paris"  # the last turn answered nothing
+
+
 def test_normalisation_exact_match_and_f1():
     assert rewards.normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
     assert rewards.exact_match("the Beatles.", "Beatles")

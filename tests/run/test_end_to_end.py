@@ -103,6 +103,20 @@ def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
     assert not os.path.exists(os.path.join(run, "checkpoints", "sft"))  # no SFT of its own
     assert not metrics_lib.load_metrics(os.path.join(run, "sft", "metrics.jsonl"))  # no SFT step
 
+    # The finished run extended by one step evaluates its new parameters (it once re-logged the
+    # step-1 eval/final.json as step 2's); rerunning the finished extension evaluates nothing.
+    final = os.path.join(run, "eval", "final.json")
+    before = os.stat(final).st_mtime_ns
+    longer = to_typed(load_config_file(TINY, overrides.replace("train.steps=1", "train.steps=2")))
+    summary = run_experiment(longer, run, allow_config_change="train.steps")
+    extended = os.stat(final).st_mtime_ns
+    assert extended > before and summary["rl_steps"] == 2
+    finals = [r["step"] for r in metrics_lib.read_records(os.path.join(run, "metrics.jsonl"))
+              if "eval/accuracy" in r]
+    assert finals == [0, 1, 2]
+    run_experiment(longer, run)
+    assert os.stat(final).st_mtime_ns == extended
+
 
 def _train_command(workdir: str, overrides: str) -> list[str]:
     return [sys.executable, "-m", "matpo_jax.train", f"--config={TINY}:{overrides}",

@@ -63,7 +63,8 @@ def test_one_evaluation_writes_its_metrics_samples_and_table_once(tmp_path, monk
     cfg = types.SimpleNamespace(
         eval=types.SimpleNamespace(datasets=("frames", loader_lib.SYNTHETIC), temperature=0.0),
         rollout=types.SimpleNamespace(group_size=4, temperature=1.0, mode="matpo"),
-        reward=types.SimpleNamespace(method="exact"), train=types.SimpleNamespace(seed=0))
+        reward=types.SimpleNamespace(method="exact"), train=types.SimpleNamespace(seed=0),
+        tools=types.SimpleNamespace(max_calls_per_turn=4))
     monkeypatch.setattr(registry, "rollout_config", lambda cfg, evaluation: types.SimpleNamespace(
         group_size=1, temperature=0.0, mode="matpo"))
     rt = types.SimpleNamespace(cfg=cfg, chat=None, toolbox=None,

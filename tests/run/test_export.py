@@ -55,6 +55,15 @@ def test_exported_rl_checkpoint_generates_in_transformers_like_our_model(
                             f"--out={out}"]) == 0
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json"} <= set(os.listdir(out))
+    # config.json keeps the source's fields the export does not write (it used to drop them).
+    with open(os.path.join(qwen3_checkpoint.path, "config.json")) as f:
+        source = json.load(f)
+    with open(out / "config.json") as f:
+        exported = json.load(f)
+    assert set(source) <= set(exported), sorted(set(source) - set(exported))
+    for field in ("bos_token_id", "eos_token_id", "pad_token_id", "max_window_layers",
+                  "use_cache"):
+        assert field in source and exported[field] == source[field], field
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     model = transformers.Qwen3ForCausalLM.from_pretrained(str(out)).eval()

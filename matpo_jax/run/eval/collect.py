@@ -19,6 +19,7 @@ import jax
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.agents.trajectory import WORKER, Rollout
 from matpo_jax.config import RolloutSection
+from matpo_jax.config.sections import DEFAULT_TOOL_CALLS_PER_TURN
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.tools.schemas import SUBAGENT_SCHEMA
 
@@ -36,6 +37,7 @@ class Policy:
     toolbox: Any  # tools.ToolBox
     rollout_cfg: RolloutSection  # group_size: the samples per question
     seed: int
+    max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN  # tools.max_calls_per_turn
 
     @property
     def samples(self) -> int:
@@ -97,7 +99,8 @@ def rollout_sampler(policy: Policy, dataset: str) -> RolloutFn:
         rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(policy.seed), salt),
                                  batch_index)
         return run_rollouts(policy.model_state, policy.graphdef, policy.chat, policy.toolbox,
-                            questions, policy.rollout_cfg, rng).rollouts
+                            questions, policy.rollout_cfg, rng,
+                            max_tool_calls_per_turn=policy.max_tool_calls_per_turn).rollouts
 
     return sample
 

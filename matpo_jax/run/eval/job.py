@@ -35,7 +35,8 @@ from matpo_jax.run.eval.benchmark import BenchmarkEvaluator
 from matpo_jax.run.eval.collect import Policy
 from matpo_jax.run.eval.grading import make_grader
 from matpo_jax.run.eval.questions import load_questions
-from matpo_jax.run.runtime import build_model, make_mesh, make_toolbox, rollout_config
+from matpo_jax.run.runtime import (build_model, make_mesh, make_toolbox, rollout_config,
+                                   run_chat, tool_calls_per_turn)
 from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.trainer import checkpoint as ckpt_lib
 
@@ -161,7 +162,8 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
     if tokenizer is None or any(name == loader_lib.SYNTHETIC for name, _ in specs):
         # a model trained here on the synthetic world speaks the world's tokenizer
         world_assets = world_assets_lib.prepare_world(cfg, data_dir)
-    chat = ChatFormat.from_pretrained(tokenizer) if tokenizer else world_assets.chat
+    chat = run_chat(cfg, ChatFormat.from_pretrained(tokenizer) if tokenizer
+                    else world_assets.chat)
     questions = {(name, config): load_questions(cfg, name, config, split=options.split,
                                                 num_questions=options.num_questions,
                                                 data_dir=data_dir)
@@ -187,7 +189,7 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
             log.info("local search service over %s", corpus)
         policy = Policy(graphdef, model_state, chat,
                         make_toolbox(cfg.tools, server.url if server is not None else None),
-                        rollout_cfg, cfg.train.seed)
+                        rollout_cfg, cfg.train.seed, tool_calls_per_turn(cfg))
         for (name, config), qs in questions.items():
             label = output_name(name, config)
             evaluator = BenchmarkEvaluator(label, qs, grader, batch_size=batch_size,

@@ -64,7 +64,8 @@ class WorldEvaluator:
             local_state = multihost.to_local(policy.model_state, multihost.local_mesh(rt.mesh))
             return run_rollouts(local_state, policy.graphdef, policy.chat, policy.toolbox,
                                 texts, policy.rollout_cfg, rng_for(policy.seed, 2),
-                                question_offset=start).rollouts
+                                question_offset=start,
+                                max_tool_calls_per_turn=policy.max_tool_calls_per_turn).rollouts
 
         def grade_fn(positions, rollouts, outcomes):  # the training reward's breakdowns
             breakdowns = rewards_lib.rollout_rewards(
