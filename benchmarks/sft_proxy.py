@@ -28,7 +28,8 @@ from matpo_jax.tools.search_server import SearchServer  # noqa: E402
 from matpo_jax.config import load_config_file, to_typed  # noqa: E402
 from matpo_jax.data import loader as loader_lib  # noqa: E402
 from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts  # noqa: E402
-from matpo_jax.run.evaluation import evaluate  # noqa: E402
+from matpo_jax.run.eval.registry import evaluate_with, run_policy  # noqa: E402
+from matpo_jax.run.eval.world import WorldEvaluator  # noqa: E402
 from matpo_jax.run.rl import model_state  # noqa: E402
 from matpo_jax.run.runtime import Runtime, build_model, make_mesh, make_toolbox  # noqa: E402
 from matpo_jax.run.sft import build_sft_sequences, run_sft, tool_text  # noqa: E402
@@ -72,7 +73,8 @@ def main() -> None:
         if neval > 0:
             rt.cfg = cfg.replace(eval=dataclasses.replace(cfg.eval, num_questions=neval))
             wall = time.time()
-            metrics = evaluate(rt, graphdef, params, tag="greedy")
+            metrics = evaluate_with(rt, "greedy", [WorldEvaluator(rt)],
+                                    run_policy(rt, graphdef, params))
             out["eval_s"] = time.time() - wall
             out["eval"] = {k: round(v, 3) for k, v in metrics.items() if "accuracy" in k
                            or k in ("eval/answered", "eval/tool_calls_per_question")}

@@ -47,7 +47,7 @@ def main(argv):
         tfds.disable_progress_bar()  # one bar per split and file of every dataset built
 
     cfg = config_lib.config_from_flags(_CONFIG, jax.device_count())
-    from matpo_jax.run.benchmark_job import BenchmarkOptions, run_benchmarks
+    from matpo_jax.run.eval.job import BenchmarkOptions, run_benchmarks
     options = BenchmarkOptions(
         datasets=_DATASETS.value or list(cfg.eval.datasets), workdir=_WORKDIR.value,
         checkpoint=_CHECKPOINT.value, samples=_SAMPLES.value, grader=_GRADER.value,

@@ -61,13 +61,17 @@ def _layout_block() -> str:
 
 def layout_modules(block: str) -> set[str]:
     """The modules a layout block names, as paths under matpo_jax/: a line `  pkg/  ...` opens a
-    package, its deeper-indented lines continue it, and the `x.py` on them are its modules; an
+    package (`    sub/` under it opens pkg/sub/), its deeper-indented lines continue it, and the
+    `x.py` on them are its modules; an
     indented line that opens no package names top-level modules; unindented lines none."""
-    named, package = set(), None
+    named, package, parent = set(), None, None
     for line in block.splitlines():
         opened = re.match(r"^  (\w+)/", line)
+        nested = re.match(r"^    (\w+)/", line)  # `    eval/` under `  run/`: run/eval/
         if opened:
-            package = opened.group(1) + "/"
+            package = parent = opened.group(1) + "/"
+        elif nested and parent:
+            package = parent + nested.group(1) + "/"
         elif re.match(r"^  \S", line):
             package = ""
         elif not line.startswith("   "):

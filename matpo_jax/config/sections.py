@@ -458,7 +458,7 @@ class EvalSection(Section):
                                  range=NON_NEGATIVE)
     temperature: float = setting(0.0, "sampling temperature of evaluation (0: greedy)",
                                  range=NON_NEGATIVE)
-    # The validation curve (run/eval_curve.py): the same questions every time, the first ones of
+    # The validation curve (run/eval/curve.py): the same questions every time, the first ones of
     # the full evaluation, so its step-0 and last points come free from the evaluations after SFT
     # and after RL; only the evaluations in between cost rollouts.
     curve_questions: int = setting(

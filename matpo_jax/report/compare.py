@@ -6,7 +6,7 @@ each method's seeds as their mean, a band (min-max or ± sd) and the seeds thems
       --out=docs/fig.png [--band=minmax|sd] [--val_key=curve/accuracy] [--title=...]
 
 A run is a workdir (its metrics.jsonl). Validation accuracy is the validation curve
-(`curve/accuracy`, run/eval_curve.py) when every run logged one, else the full evaluations
+(`curve/accuracy`, run/eval/curve.py) when every run logged one, else the full evaluations
 (`eval/accuracy`: after SFT and after RL). The numbers behind the figure are printed, one line per
 method. Also `plot_comparison`: any metrics, mean ± sd per method (the reproduction's figure).
 """

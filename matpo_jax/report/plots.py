@@ -7,7 +7,7 @@ metric (TensorBoard, <workdir>/tensorboard, keeps every metric).
   sft.png           the SFT warm start (from <workdir>/sft/metrics.jsonl)
 
 Per-step training metrics are drawn as an exponential moving average over their faint raw
-values; evaluations as markers: the validation curve (`curve/...`, run/eval_curve.py) joined by a
+values; evaluations as markers: the validation curve (`curve/...`, run/eval/curve.py) joined by a
 line, the full evaluations after SFT and after RL (`eval/...`) as lone markers.
 """
 from __future__ import annotations

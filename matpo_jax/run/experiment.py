@@ -2,7 +2,7 @@
 
 The task (data/task_assets.py) is the synthetic world, or a published dataset (data.name =
 musique: its train split, its paragraph corpus, the checkpoint's tokenizer); evaluation covers
-eval.datasets (run/run_eval.py).
+eval.datasets (run/eval/registry.py).
 
 Every phase resumes from its own checkpoints, so re-running the same command after a crash or a
 preemption continues where the run stopped; the workdir's config.json is compared with the new
@@ -27,8 +27,9 @@ from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.report import plots
 from matpo_jax.report import files
 from matpo_jax.report.files import write_json_atomic
-from matpo_jax.run import eval_curve, startup_checks
-from matpo_jax.run.run_eval import evaluate_run
+from matpo_jax.run import startup_checks
+from matpo_jax.run.eval import curve as eval_curve
+from matpo_jax.run.eval.registry import evaluate_run
 from matpo_jax.run.rl import latest_rl_step, model_state, run_rl
 from matpo_jax.run.runtime import (Runtime, build_model, make_judge, make_mesh, make_toolbox,
                                    run_chat)

@@ -1,4 +1,5 @@
-"""The RL phase: rollouts -> rewards -> advantages -> pack -> update, with eval and checkpoints.
+"""The RL phase: rollouts -> rewards -> advantages -> pack -> update, with eval and checkpoints,
+one step's body in `run_rl`, top to bottom.
 
 One RL step = one batch of questions x G samples. Each step's sampling key is a function of
 (seed, step) and the question stream is a grain iterator whose position is checkpointed, so a run
@@ -106,79 +107,96 @@ def question_loader(rt: Runtime):
 
 def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWriter,
            evaluate_fn=None):
-    """Trains `cfg.train.steps` RL steps from `params` (or the newest RL checkpoint)."""
+    """Trains `cfg.train.steps` RL steps from `params` (or the newest RL checkpoint).
+
+    evaluate_fn(graphdef, model_state, tag): the evaluation every train.eval_every steps (the
+    validation curve's questions, or the whole evaluation; run/eval/curve.py)."""
     cfg = rt.cfg
     scfg = step_config(cfg, "rl")
     loop = loop_lib.TrainLoop(loop_config(cfg, "rl", rt.path("checkpoints", "rl")),
                               nnx.merge(graphdef, params, frozen), optimizer_config(cfg, "rl"),
                               scfg, rt.mesh)
-    steps = _RLSteps(rt, loop, iter(question_loader(rt)), scfg, evaluate_fn)
+    questions = iter(question_loader(rt))
+    with_reference = reference_logprobs(rt, loop, scfg)  # before a resume replaces the params
+    rcfg, sampler_mesh = rollout_config(cfg), multihost.local_mesh(rt.mesh)
     # Which questions each step trained on: a resumed run must consume the same stream.
-    record = (files.open_append(rt.path(CONSUMED_FILE)) if multihost.is_primary()
-              else contextlib.nullcontext())
-    with record as steps.consumed:
-        return loop.run(steps, writer=writer, data=steps.questions, after_step=steps.after_step)
+    with _consumed_record(rt) as consumed, \
+            loop.session(writer=writer, data=questions) as session:
+        for step in session.steps:
+            t0 = time.perf_counter()
+            # collect: the global batch of questions (the same on every process), this
+            # process's share rolled out by the current policy on this process's devices
+            step_questions = next(questions)
+            share = multihost.process_slice(len(step_questions["question"]))
+            texts = step_questions["question"][share]
+            sampler_state = multihost.to_local(model_state(session.state), sampler_mesh)
+            rollout_batch = run_rollouts(sampler_state, loop.graphdef, rt.chat, rt.toolbox, texts,
+                                         rcfg, rng_for(cfg.train.seed, 1, step),
+                                         question_offset=share.start,
+                                         max_tool_calls_per_turn=tool_calls_per_turn(cfg))
+            del sampler_state
+            t1 = time.perf_counter()
+            # score and pack: rewards, advantages, the MATPO batch over every process's rows
+            batch, metrics = score_and_pack(rt, rollout_batch, step_questions, share, scfg)
+            batch = with_reference(batch)
+            metrics.update(time_rollout_s=t1 - t0, time_batch_s=time.perf_counter() - t1)
+            # Process 0 logs the whole batch's statistics (multihost.combine_metrics says how).
+            metrics = multihost.combine_metrics(multihost.allgather_objects(
+                {k: float(v) for k, v in metrics.items()}))
+            # update
+            record = session.update(batch)
+            record.update(metrics)
+            done = step + 1
+            if evaluate_fn is not None and _evaluates_after(cfg.train, done):
+                record.update(evaluate_fn(loop.graphdef, model_state(session.state),
+                                          tag=f"step{done}"))
+            _write_consumed(consumed, done, step_questions["id"])
+            # log, save
+            session.log(done, record)
+            session.save(done)
+    return loop.state
 
 
-class _RLSteps:
-    """batch_fn and after_step of the RL loop: rollouts of the next questions with the current
-    policy, rewards, the MATPO batch (with reference log-probs when rl.kl_coef > 0); then
-    evaluation every train.eval_every steps (`evaluate_fn`: the validation curve's questions, or
-    the whole evaluation; run/eval_curve.py) and the consumed-questions record."""
+def score_and_pack(rt: Runtime, rollout_batch, step_questions, share: slice, scfg):
+    """The global packed batch of this process's rollouts (rl_batch over its share of the
+    step's questions) and their metrics: rewards, packing, advantages, trajectories, engine."""
+    batch, metrics = rl_batch(rt, rollout_batch.rollouts,
+                              loader_lib.golds_of(step_questions)[share],
+                              step_questions["question"][share], scfg.loss,
+                              scfg.row_multiple(rt.mesh))
+    batch = multihost.global_rows(batch, parallel.batch_sharding(rt.mesh))
+    metrics.update(rollout_stats(rollout_batch.rollouts))
+    metrics.update({f"rollout/{k}": v for k, v in rollout_batch.metrics.items()
+                    if np.isscalar(v)})
+    return batch, metrics
 
-    def __init__(self, rt: Runtime, loop: loop_lib.TrainLoop, questions, scfg, evaluate_fn):
-        self.rt, self.loop, self.questions, self.scfg = rt, loop, questions, scfg
-        self.evaluate_fn = evaluate_fn
-        self.rcfg = rollout_config(rt.cfg)
-        self.sampler_mesh = multihost.local_mesh(rt.mesh)  # this process's devices
-        self.consumed = None
-        self.reference = None
-        if scfg.loss.kl_coef > 0:
-            # The KL term's reference policy: the RL start (SFT's result), frozen. A copy, since
-            # the train step donates the state's buffers. A resumed run rebuilds it the same way.
-            copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
-                           out_shardings=loop.shardings.params)
-            self.reference = (copy(loop.state.params), loop.state.frozen)
-            self.ref_logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh,
-                                                         loop.shardings)
 
-    def __call__(self, step: int, state) -> loop_lib.StepBatch:
-        cfg, rt = self.rt.cfg, self.rt
-        t0 = time.perf_counter()
-        self.batch_q = next(self.questions)  # the global batch, the same on every process
-        share = multihost.process_slice(len(self.batch_q["question"]))
-        questions = self.batch_q["question"][share]
-        answers = loader_lib.golds_of(self.batch_q)[share]
-        sampler_state = multihost.to_local(model_state(state), self.sampler_mesh)
-        rollout_batch = run_rollouts(sampler_state, self.loop.graphdef, rt.chat, rt.toolbox,
-                                     questions, self.rcfg, rng_for(cfg.train.seed, 1, step),
-                                     question_offset=share.start,
-                                     max_tool_calls_per_turn=tool_calls_per_turn(cfg))
-        del sampler_state
-        t1 = time.perf_counter()
-        batch, metrics = rl_batch(rt, rollout_batch.rollouts, answers, questions, self.scfg.loss,
-                                  self.scfg.row_multiple(rt.mesh))
-        batch = multihost.global_rows(batch, parallel.batch_sharding(rt.mesh))
-        if self.reference is not None:
-            batch = dataclasses.replace(batch, ref_logprobs=self.ref_logprobs(*self.reference,
-                                                                             batch))
-        metrics.update(rollout_stats(rollout_batch.rollouts))
-        metrics.update({f"rollout/{k}": v for k, v in rollout_batch.metrics.items()
-                        if np.isscalar(v)})
-        metrics.update(time_rollout_s=t1 - t0, time_batch_s=time.perf_counter() - t1)
-        # Process 0 logs the whole batch's statistics (multihost.combine_metrics says how).
-        metrics = multihost.combine_metrics(multihost.allgather_objects(
-            {k: float(v) for k, v in metrics.items()}))
-        return loop_lib.StepBatch(batch, metrics)
+def _consumed_record(rt: Runtime):
+    """consumed.jsonl opened for appending (process 0; None elsewhere)."""
+    return (files.open_append(rt.path(CONSUMED_FILE)) if multihost.is_primary()
+            else contextlib.nullcontext())
 
-    def after_step(self, step: int, state) -> dict:
-        cfg = self.rt.cfg
-        metrics = {}
-        every = cfg.train.eval_every
-        if every and self.evaluate_fn is not None and step % every == 0 and step < cfg.train.steps:
-            metrics = self.evaluate_fn(self.loop.graphdef, model_state(state), tag=f"step{step}")
-        if self.consumed is not None:  # process 0
-            self.consumed.write(json.dumps({"step": step, "ids": list(self.batch_q["id"])})
-                                + "\n")
-            self.consumed.flush()
-        return metrics
+
+def _write_consumed(consumed, step: int, ids) -> None:
+    """One line of consumed.jsonl: the question ids step `step` (1-based) trained on."""
+    if consumed is not None:  # process 0
+        consumed.write(json.dumps({"step": step, "ids": list(ids)}) + "\n")
+        consumed.flush()
+
+
+def _evaluates_after(train, step: int) -> bool:
+    """Whether step `step` (1-based) is followed by an evaluation (not the last: the run's final
+    evaluation follows that)."""
+    return bool(train.eval_every) and step % train.eval_every == 0 and step < train.steps
+
+
+def reference_logprobs(rt: Runtime, loop: loop_lib.TrainLoop, scfg):
+    """batch -> batch with the KL term's reference log-probs (rl.kl_coef > 0; else the batch
+    unchanged). The reference policy is the RL start (SFT's result), frozen: a copy, since the
+    train step donates the state's buffers; a resumed run rebuilds it the same way."""
+    if scfg.loss.kl_coef <= 0:
+        return lambda batch: batch
+    copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=loop.shardings.params)
+    reference = (copy(loop.state.params), loop.state.frozen)
+    logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
+    return lambda batch: dataclasses.replace(batch, ref_logprobs=logprobs(*reference, batch))

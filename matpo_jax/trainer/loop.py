@@ -3,8 +3,9 @@
 It owns what the phases share: the optimizer, the TrainState, the jitted step, the Orbax
 checkpointer, restore, the progress line, the metric records and the saves. A phase supplies only
 what differs: `batch_fn(step, state) -> StepBatch` (the packed batch of one step, the phase's own
-metrics, and whether to log the step), optionally an `after_step` hook (evaluation, bookkeeping)
-and a data iterator whose position is checkpointed.
+metrics, and whether to log the step) and a data iterator whose position is checkpointed. A phase
+whose step does more (RL: evaluation, the consumed-questions record) writes the step's body itself
+over `session()`: update, log, save, the pieces `run` calls.
 
 Resume is exact: a checkpoint holds the WHOLE TrainState (params, optimizer state, step and
 optimizer-step counters, skipped-update count, non-finite streak, RNG) plus the data-iterator
@@ -17,10 +18,11 @@ update the loop stops with `NonFiniteTraining`, naming the step and the last goo
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -152,8 +154,6 @@ class TrainLoop:
     # ------------------------------------------------------------------------------- the loop
     def run(self, batch_fn: Callable[[int, step_lib.TrainState], StepBatch], *,
             writer: metrics_lib.MetricsWriter | None = None, data: DataIterator | None = None,
-            after_step: Callable[[int, step_lib.TrainState], Mapping[str, float] | None]
-            | None = None,
             on_start: Callable[[int, step_lib.TrainState], step_lib.TrainState] | None = None,
             ) -> step_lib.TrainState:
         """Resumes from the newest valid checkpoint, then trains the remaining steps.
@@ -161,9 +161,24 @@ class TrainLoop:
         batch_fn(step, state): the 0-based step's batch (state: the parameters before it).
         on_start(start, state) -> state: called once before the first step trained (not when the
         phase is already complete), e.g. to build the data or change the initial parameters.
-        after_step(step, state): called after step `step` (1-based) is applied, before the record
-        is written and the checkpoint saved; returns extra metrics for the record (or None).
+        A phase whose step does more than make a batch writes its own body over `session`.
         """
+        with self.session(writer=writer, data=data, on_start=on_start) as session:
+            for step in session.steps:
+                item = batch_fn(step, self.state)
+                record = session.update(item.batch)
+                record.update(item.metrics)
+                session.log(step + 1, record, item.log)
+                session.save(step + 1)
+        return self.state
+
+    @contextlib.contextmanager
+    def session(self, *, writer: metrics_lib.MetricsWriter | None = None,
+                data: DataIterator | None = None,
+                on_start: Callable[[int, step_lib.TrainState], step_lib.TrainState] | None = None,
+                ) -> Iterator["Session"]:
+        """The phase restored from its newest valid checkpoint (and `data` to its position), its
+        metrics file cut back to there; the checkpointer is closed on exit (see `run`)."""
         c = self.config
         checkpoints = self._checkpointer()
         try:
@@ -175,14 +190,10 @@ class TrainLoop:
                 self.state = on_start(start, self.state)
             with metrics_lib.Progress(c.steps, initial=start, desc=c.name,
                                       keys=c.progress_keys) as bar:
-                for step in range(start, c.steps):
-                    self._one_step(step, batch_fn, writer, after_step, bar)
-                    if checkpoints is not None:
-                        self._save(checkpoints, step + 1, data, force=step + 1 == c.steps)
+                yield Session(self, range(start, c.steps), checkpoints, writer, data, bar)
         finally:
             if checkpoints is not None:
                 checkpoints.close()
-        return self.state
 
     def _replay_spikes(self, writer: metrics_lib.MetricsWriter, start: int) -> None:
         """A resumed phase's spike history: the logged grad norms of its steps up to `start`
@@ -194,29 +205,50 @@ class TrainLoop:
             if key in record and 0 < record.get("step", 0) <= start:
                 self.spikes.update(float(record[key]))
 
-    def _one_step(self, step: int, batch_fn, writer, after_step, bar) -> None:
-        c = self.config
-        item = batch_fn(step, self.state)
+
+class Session:
+    """One step's pieces, in the order a step runs them: `update` (the train step on a batch),
+    `log` (its record), `save` (the checkpoint when due)."""
+
+    def __init__(self, loop: TrainLoop, steps: range, checkpoints, writer, data, bar):
+        self.loop, self.steps, self._checkpoints = loop, steps, checkpoints
+        self._writer, self._data, self._bar = writer, data, bar
+
+    @property
+    def state(self) -> step_lib.TrainState:
+        return self.loop.state
+
+    def update(self, batch: PackedBatch) -> dict[str, float]:
+        """Applies the train step to `batch`; its metrics (prefixed) and grad-norm spikes."""
+        loop, prefix = self.loop, self.loop.config.metric_prefix
         t0 = time.perf_counter()
-        self.state, step_metrics = self.step_fn(self.state, item.batch)
-        record = {f"{c.metric_prefix}{k}": float(np.asarray(v)) for k, v in step_metrics.items()}
-        record[f"{c.metric_prefix}time_update_s"] = time.perf_counter() - t0
-        grad_norm = record.get(f"{c.metric_prefix}grad_norm")
+        loop.state, step_metrics = loop.step_fn(loop.state, batch)
+        record = {f"{prefix}{k}": float(np.asarray(v)) for k, v in step_metrics.items()}
+        record[f"{prefix}time_update_s"] = time.perf_counter() - t0
+        grad_norm = record.get(f"{prefix}grad_norm")
         if grad_norm is not None:
-            record.update({f"{c.metric_prefix}{k}": v
-                           for k, v in self.spikes.update(grad_norm).items()})
-        record.update(item.metrics)
-        if after_step is not None:
-            record.update(after_step(step + 1, self.state) or {})
-        due = (step + 1) % c.log_every == 0 or step + 1 == c.steps
-        logged = item.log and due
-        if logged and writer is not None:
-            writer.write(step + 1, record)
-        bar.update(record if logged else None)
+            record.update({f"{prefix}{k}": v for k, v in loop.spikes.update(grad_norm).items()})
+        return record
+
+    def log(self, step: int, record: Mapping[str, float], log: bool = True) -> None:
+        """Writes the record of step `step` (1-based) when logged and due; stops the run after
+        too many consecutive steps with a skipped update."""
+        c = self.loop.config
+        due = step % c.log_every == 0 or step == c.steps
+        logged = log and due
+        if logged and self._writer is not None:
+            self._writer.write(step, record)
+        self._bar.update(record if logged else None)
         streak = int(record[f"{c.metric_prefix}nonfinite_streak"])
         if c.max_nonfinite_steps and streak >= c.max_nonfinite_steps:
             raise NonFiniteTraining(
-                f"{c.name} step {step + 1}: {streak} consecutive steps with a non-finite loss, "
+                f"{c.name} step {step}: {streak} consecutive steps with a non-finite loss, "
                 f"gradient or updated parameter (their updates were skipped; "
                 f"max_nonfinite_steps={c.max_nonfinite_steps}); the last good checkpoint is "
-                f"{self._last_good()}")
+                f"{self.loop._last_good()}")
+
+    def save(self, step: int) -> None:
+        """Saves after step `step` (1-based) when due, and always after the last."""
+        if self._checkpoints is not None:
+            self.loop._save(self._checkpoints, step, self._data,
+                            force=step == self.loop.config.steps)

@@ -24,7 +24,9 @@ import pytest
 from matpo_jax.config import (RolloutSection, apply_overrides, base_config,
                               schema, to_typed)
 from matpo_jax.data import world_assets
-from matpo_jax.run import copy_pretraining, eval_curve, evaluation, experiment, runtime
+from matpo_jax.run import copy_pretraining, experiment, runtime
+from matpo_jax.run.eval import curve as eval_curve
+from matpo_jax.run.eval import world as eval_world
 from matpo_jax.run import rl as rl_phase
 from matpo_jax.run import sft as sft_phase
 
@@ -66,7 +68,7 @@ def eval_rollouts(cfg):
 
 
 def eval_questions(cfg):
-    return evaluation.eval_selection(cfg.eval, {"validation": 100, "test": 90, "train": 80})
+    return eval_world.eval_selection(cfg.eval, {"validation": 100, "test": 90, "train": 80})
 
 
 def curve_questions(cfg):
@@ -91,7 +93,7 @@ def tool_clients(cfg):
 
 
 def tool_calls_per_turn(cfg):
-    """The cap run_rollouts receives (run/rl.py, run/evaluation.py, the benchmark job)."""
+    """The cap run_rollouts receives (run/rl.py, run/eval/registry.py, the benchmark job)."""
     return runtime.tool_calls_per_turn(cfg)
 
 
@@ -171,15 +173,19 @@ def task(cfg):
 
 
 def evaluated_datasets(cfg):
-    """The datasets run/run_eval.py evaluates (each a benchmark-evaluator call, nothing run)."""
-    from matpo_jax.run import run_eval
+    """The evaluators run/eval/registry.py builds for eval.datasets, in order (nothing run)."""
+    from matpo_jax.run.eval import protocol, registry
     calls = []
-    rt = types.SimpleNamespace(cfg=cfg, path=lambda *parts: "/".join(("/runs/x",) + parts))
-    with mock.patch.object(run_eval, "evaluate", lambda *a, **k: calls.append("synthetic") or {}), \
-            mock.patch.object(run_eval, "_benchmark_metrics",
-                              lambda rt, g, s, tag, names: calls.append(tuple(names)) or {}), \
-            mock.patch.object(run_eval, "write_json_atomic", lambda *a, **k: None):
-        run_eval.evaluate_run(rt, None, None, tag="final")
+
+    def fake(rt, name, tag, curve_questions):
+        calls.append(name)
+        return types.SimpleNamespace(run=lambda policy: protocol.Evaluation({}))
+
+    rt = types.SimpleNamespace(cfg=cfg, chat=None, toolbox=None,
+                               path=lambda *parts: "/".join(("/runs/x",) + parts))
+    with mock.patch.dict(registry.EVALUATORS, {name: fake for name in registry.EVALUATORS}), \
+            mock.patch.object(registry.report, "write_evaluation", lambda *a, **k: None):
+        registry.evaluate_run(rt, None, None, tag="final")
     return calls
 
 
@@ -320,16 +326,8 @@ def copy_phase(cfg):
 
 
 def rl_evaluations(cfg):
-    """The RL steps after which the RL phase evaluates (run/rl.py's after-step hook)."""
-    evaluated = []
-    steps = object.__new__(rl_phase._RLSteps)
-    steps.rt, steps.consumed = types.SimpleNamespace(cfg=cfg), None
-    steps.loop = types.SimpleNamespace(graphdef="graphdef")
-    steps.evaluate_fn = lambda graphdef, state, tag: evaluated.append(tag) or {}
-    with mock.patch.object(rl_phase, "model_state", lambda state: state):
-        for step in range(1, 60):
-            steps.after_step(step, None)
-    return evaluated
+    """The RL steps after which the RL phase evaluates (run/rl.py's test in its step body)."""
+    return [step for step in range(1, 60) if rl_phase._evaluates_after(cfg.train, step)]
 
 
 JUDGE = {"reward.method": "judge", "reward.judge_url": "http://127.0.0.1:1/v1"}

@@ -1,12 +1,12 @@
 """avg@K, pass@K, not-attempted, calls per question and judge failures, by category, against
-values computed by hand (see benchmark_report's docstring for the definitions)."""
+values computed by hand (see run/eval/summary.py's docstring for the definitions)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from matpo_jax.run.benchmark_report import markdown_table, summarize, write_report
+from matpo_jax.run.eval.summary import markdown_table, summarize, write_report
 
 C, I, N, F = "correct", "incorrect", "not_attempted", None  # F: the judge failed
 

@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 from matpo_jax.config import load_config_file, to_typed
-from matpo_jax.run import benchmark_job
+from matpo_jax.run.eval import job as eval_job
 from matpo_jax.run.runtime import build_model, make_mesh
 from matpo_jax.trainer import checkpoint as ckpt_lib
 
@@ -68,14 +68,14 @@ def test_restore_model_reads_the_checkpoint_parameters(checkpoint, tokenizer_dir
     fresh = nnx.split(build_model(cfg, mesh), nnx.Param, ...)[1]
     # a run's workdir, its Orbax checkpoint directory, one step of it
     for path in (run, run / "checkpoints" / "rl", run / "checkpoints" / "rl" / "3"):
-        restored = nnx.split(nnx.merge(*benchmark_job.restore_model(cfg, mesh, str(path))),
+        restored = nnx.split(nnx.merge(*eval_job.restore_model(cfg, mesh, str(path))),
                              nnx.Param, ...)[1]
         for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(saved), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert any(not np.array_equal(np.asarray(a), np.asarray(b))  # not the config's init
                    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(fresh)))
     with pytest.raises(FileNotFoundError, match="no checkpoint in"):
-        benchmark_job.restore_model(cfg, mesh, str(tmp_path))
+        eval_job.restore_model(cfg, mesh, str(tmp_path))
 
 
 def test_evaluate_cli_end_to_end_then_resume(checkpoint, tokenizer_dir, tmp_path, judge_server):
@@ -120,7 +120,7 @@ def test_evaluate_cli_end_to_end_then_resume(checkpoint, tokenizer_dir, tmp_path
     # the files stay as they were and the table is the same.
     before = {p: p.read_bytes() for p in out.rglob("*.jsonl")}
     cfg = config(tokenizer_dir, tmp_path / "tfds", judge_server.url)
-    numbers = benchmark_job.run_benchmarks(cfg, benchmark_job.BenchmarkOptions(
+    numbers = eval_job.run_benchmarks(cfg, eval_job.BenchmarkOptions(
         datasets=DATASETS, workdir=str(out), checkpoint=str(run), samples=2, temperature=1.0,
         num_questions=2))
     assert {p: p.read_bytes() for p in out.rglob("*.jsonl")} == before

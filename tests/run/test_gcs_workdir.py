@@ -19,8 +19,10 @@ from matpo_jax.config import ConfigError, load_config_file, to_typed
 from matpo_jax.config.files import config_as_json
 from matpo_jax.report import files, plots
 from matpo_jax.report import metrics as metrics_lib
-from matpo_jax.run import benchmark_eval as be
-from matpo_jax.run import benchmark_report
+from matpo_jax.run.eval.benchmark import evaluate_dataset
+from matpo_jax.run.eval.grading import Grader
+from matpo_jax.run.eval.results import RESULTS_FILE, TRANSCRIPTS_FILE
+from matpo_jax.run.eval import summary as summary_lib
 from matpo_jax.run.experiment import world_data_dir
 from test_benchmark_eval import K, QUESTIONS, ScriptedPolicy
 
@@ -136,32 +138,32 @@ def test_whole_and_appended_files_on_gcs(gcs_server, gcs_root):
 def test_interrupted_benchmark_evaluation_resumes_on_gcs(gcs_server, gcs_root, tmp_path):
     """The same evaluation as test_benchmark_eval's, with its crash and resume on gs://: the
     objects equal the local uninterrupted run's files byte for byte."""
-    grader = be.Grader("exact")
-    straight = be.evaluate_dataset(QUESTIONS, ScriptedPolicy(), grader, samples=K,
+    grader = Grader("exact")
+    straight = evaluate_dataset(QUESTIONS, ScriptedPolicy(), grader, samples=K,
                                    out_dir=str(tmp_path / "straight"), batch_size=3)
     out = f"{gcs_root}/bench/gaia"
     with pytest.raises(KeyboardInterrupt):
-        be.evaluate_dataset(QUESTIONS, ScriptedPolicy(stop_after=1), grader, samples=K,
+        evaluate_dataset(QUESTIONS, ScriptedPolicy(stop_after=1), grader, samples=K,
                             out_dir=out, batch_size=3)
-    assert len(jsonl(read_object(gcs_server, f"{out}/{be.RESULTS_FILE}"))) == 3
+    assert len(jsonl(read_object(gcs_server, f"{out}/{RESULTS_FILE}"))) == 3
     # A crash in the middle of the next batch's writes: a transcript without its result, and
     # half a result line.
-    files.append_text(f"{out}/{be.TRANSCRIPTS_FILE}",
+    files.append_text(f"{out}/{TRANSCRIPTS_FILE}",
                       json.dumps({"id": "t3", "sample": 0, "agents": []}) + "\n")
-    files.append_text(f"{out}/{be.RESULTS_FILE}", '{"id": "t3", "question": "What is ans')
+    files.append_text(f"{out}/{RESULTS_FILE}", '{"id": "t3", "question": "What is ans')
     policy = ScriptedPolicy()
-    resumed = be.evaluate_dataset(QUESTIONS, policy, grader, samples=K, out_dir=out,
+    resumed = evaluate_dataset(QUESTIONS, policy, grader, samples=K, out_dir=out,
                                   batch_size=3)
     assert [b for b, _ in policy.calls] == [1, 2]  # only the unfinished batches ran
     assert resumed == straight
-    for name in (be.RESULTS_FILE, be.TRANSCRIPTS_FILE):
+    for name in (RESULTS_FILE, TRANSCRIPTS_FILE):
         assert read_object(gcs_server, f"{out}/{name}") == \
             (tmp_path / "straight" / name).read_bytes()
-    summaries = {"gaia": benchmark_report.summarize(resumed)}
-    table = benchmark_report.write_report(f"{gcs_root}/bench", summaries, "# header")
-    assert read_object(gcs_server, f"{gcs_root}/bench/{benchmark_report.REPORT_MD}").decode() \
+    summaries = {"gaia": summary_lib.summarize(resumed)}
+    table = summary_lib.write_report(f"{gcs_root}/bench", summaries, "# header")
+    assert read_object(gcs_server, f"{gcs_root}/bench/{summary_lib.REPORT_MD}").decode() \
         == "# header\n\n" + table
-    report_json = f"{gcs_root}/bench/{benchmark_report.REPORT_JSON}"
+    report_json = f"{gcs_root}/bench/{summary_lib.REPORT_JSON}"
     numbers = json.loads(read_object(gcs_server, report_json))
     assert numbers["gaia"]["all"]["avg_at_k"] == pytest.approx(0.5)
 
@@ -239,19 +241,19 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
     assert all(np.isfinite(w).all() for w in weights.values()) and len(weights) > 5
 
     # The benchmark job reads the gs:// run's newest checkpoint and writes its outputs to gs://.
-    from matpo_jax.run import benchmark_job
+    from matpo_jax.run.eval import job as eval_job
 
     bench = f"{gcs_root}/bench"
-    numbers = benchmark_job.run_benchmarks(cfg, benchmark_job.BenchmarkOptions(
+    numbers = eval_job.run_benchmarks(cfg, eval_job.BenchmarkOptions(
         datasets=["synthetic_multihop"], workdir=bench, checkpoint=f"{workdir}/checkpoints/rl",
         num_questions=2, grader="exact"))
     assert numbers["synthetic_multihop"]["all"]["questions"] == 2
-    results = jsonl(read_object(gcs_server, f"{bench}/synthetic_multihop/{be.RESULTS_FILE}"))
+    results = jsonl(read_object(gcs_server, f"{bench}/synthetic_multihop/{RESULTS_FILE}"))
     assert len(results) == 2 and all(r["grader"] == "exact" for r in results)
     assert len(jsonl(read_object(gcs_server, f"{bench}/synthetic_multihop/"
-                                             f"{be.TRANSCRIPTS_FILE}"))) == 2
+                                             f"{TRANSCRIPTS_FILE}"))) == 2
     assert "| synthetic_multihop | all | 2 |" in read_object(
-        gcs_server, f"{bench}/{benchmark_report.REPORT_MD}").decode()
+        gcs_server, f"{bench}/{summary_lib.REPORT_MD}").decode()
 
 
 def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):

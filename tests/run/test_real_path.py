@@ -32,7 +32,7 @@ from matpo_jax.chat import format_tool_call
 from matpo_jax.config import load_config_file, to_typed
 from matpo_jax.model import load_pretrained
 from matpo_jax.report import metrics as metrics_lib
-from matpo_jax.run import benchmark_job
+from matpo_jax.run.eval import job as eval_job
 from matpo_jax.run.runtime import make_mesh
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def test_qwen3_checkpoint_trains_on_musique_then_evaluates_on_the_benchmarks(
                    check_files=False)
     cfg = cfg.replace(model=dataclasses.replace(cfg.model, dtype="float32"))
     mesh = make_mesh(cfg)
-    restored = nnx.split(nnx.merge(*benchmark_job.restore_model(cfg, mesh, str(workdir))),
+    restored = nnx.split(nnx.merge(*eval_job.restore_model(cfg, mesh, str(workdir))),
                          nnx.Param, ...)[1]
     start = nnx.split(load_pretrained(checkpoint.path, mesh=mesh), nnx.Param, ...)[1]
     assert sorted(os.listdir(workdir / "checkpoints" / "rl")) == ["1", "2"]

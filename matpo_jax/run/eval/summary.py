@@ -1,4 +1,4 @@
-"""Benchmark numbers from per-question results (run/benchmark_eval.py), per dataset and category.
+"""Benchmark numbers from per-question results (results.py), per dataset and category.
 
 For a question with K samples, of which g were graded (the judge answered) with c correct and n
 not attempted, and f judge failures (g + f = K):
@@ -21,7 +21,7 @@ import os
 from typing import Mapping, Sequence
 
 from matpo_jax.report import files
-from matpo_jax.run.benchmark_eval import CORRECT, NOT_ATTEMPTED
+from matpo_jax.run.eval.grading import CORRECT, NOT_ATTEMPTED
 
 ALL = "all"
 REPORT_MD, REPORT_JSON = "report.md", "report.json"

@@ -1,9 +1,9 @@
 """The validation curve: accuracy on one fixed set of validation questions against the RL step.
 
-Every `train.eval_every` RL steps (the evaluation hook of run/rl.py) the policy answers the first
+Every `train.eval_every` RL steps (the evaluation of run/rl.py's step) the policy answers the first
 `eval.curve_questions` questions of `eval.split`, the same ones every time, and that step's
 metrics record gets their `curve/...` metrics (accuracy, per hop count, reward, answered, tool
-use). Those questions are also the first ones of every full evaluation (evaluation.eval_records),
+use). Those questions are also the first ones of every full evaluation (world.eval_records),
 so the evaluations after SFT (step 0) and after RL (the last step) report the same `curve/...`
 metrics at no extra rollout: the curve runs from the SFT start to the end of RL on one question
 set, at the cost of the evaluations in between only.
@@ -18,7 +18,8 @@ from typing import Mapping
 
 from matpo_jax.config import EvalSection
 from matpo_jax.data import loader as loader_lib
-from matpo_jax.run.evaluation import eval_records, eval_selection, evaluate
+from matpo_jax.run.eval.registry import evaluate_with, run_policy
+from matpo_jax.run.eval.world import WorldEvaluator, eval_records, eval_selection
 from matpo_jax.run.runtime import Runtime
 
 
@@ -42,4 +43,5 @@ def evaluate_curve(rt: Runtime, graphdef, model_state, *, tag: str) -> dict[str,
     """The `curve/...` metrics of the policy `model_state` on the curve's questions (the
     evaluation's files in <workdir>/eval/<tag>.json and <tag>_samples.txt)."""
     records = eval_records(rt, limit=curve_size(rt))
-    return evaluate(rt, graphdef, model_state, tag=tag, records=records, prefix="curve/")
+    return evaluate_with(rt, tag, [WorldEvaluator(rt, records, prefix="curve/")],
+                         run_policy(rt, graphdef, model_state))

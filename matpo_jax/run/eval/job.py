@@ -9,7 +9,8 @@ world's, which a model trained here on the world speaks), the rollout settings (
 temperature `eval.temperature`), the tools (`tools.*`; the local search service needs a corpus:
 `corpus`, else MuSiQue's paragraphs or the synthetic world's pages when those are evaluated), the
 data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge (`reward.judge_url`,
-`reward.judge_model`, `reward.judge_api_key_env`). Output per dataset in
+`reward.judge_model`, `reward.judge_api_key_env`). Each dataset goes through the evaluator a run
+uses for a benchmark (benchmark.BenchmarkEvaluator), K samples per question: output in
 <workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md.
 """
 from __future__ import annotations
@@ -25,15 +26,17 @@ import jax
 from flax import nnx
 
 from matpo_jax.chat import ChatFormat
-from matpo_jax.config.sections import DEFAULT_TOOL_CALLS_PER_TURN
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
 from matpo_jax.report import files
-from matpo_jax.rl.judge import LLMJudge
-from matpo_jax.run import benchmark_eval, benchmark_report
-from matpo_jax.run.runtime import (build_model, judge_config, make_mesh, make_toolbox,
-                                   rollout_config, run_chat, tool_calls_per_turn)
+from matpo_jax.run.eval import summary as summary_lib
+from matpo_jax.run.eval.benchmark import BenchmarkEvaluator
+from matpo_jax.run.eval.collect import Policy
+from matpo_jax.run.eval.grading import make_grader
+from matpo_jax.run.eval.questions import load_questions
+from matpo_jax.run.runtime import (build_model, make_mesh, make_toolbox, rollout_config,
+                                   run_chat, tool_calls_per_turn)
 from matpo_jax.tools.search_server import SearchServer
 from matpo_jax.trainer import checkpoint as ckpt_lib
 
@@ -122,27 +125,6 @@ def tokenizer_dir(cfg, checkpoint: str | None = None) -> str | None:
     return None
 
 
-def make_grader(cfg, options: BenchmarkOptions) -> benchmark_eval.Grader:
-    method = options.grader or cfg.reward.method
-    if method != "judge":
-        return benchmark_eval.Grader(method, f1_threshold=cfg.reward.f1_threshold)
-    url = options.judge_url or cfg.reward.judge_url
-    if not url:
-        raise ValueError("grader 'judge' needs an endpoint: --judge_url or reward.judge_url")
-    return benchmark_eval.Grader("judge", judge=LLMJudge(judge_config(cfg.reward, url)))
-
-
-def load_questions(cfg, name: str, config, options: BenchmarkOptions, data_dir: str):
-    if name == loader_lib.SYNTHETIC:
-        config = world_assets_lib.world_config(cfg)
-    split = options.split or (cfg.eval.split if name == loader_lib.SYNTHETIC else None)
-    source = loader_lib.question_source(name, split, data_dir=data_dir,
-                                        manual_dir=cfg.data.manual_dir, config=config)
-    count = len(source) if options.num_questions <= 0 else min(len(source), options.num_questions)
-    records = [loader_lib.decode_record(source[i]) for i in range(count)]
-    return benchmark_eval.benchmark_questions(name, records)
-
-
 def _corpus(cfg, options, specs, data_dir, world_assets) -> str | None:
     """The corpus the local search service serves (None: the tools are remote)."""
     if cfg.tools.search_backend != "local" or cfg.tools.search_url:
@@ -165,28 +147,11 @@ def output_name(name: str, config) -> str:
     return name if not config else re.sub(r"\W", "_", f"{name}_{config}")
 
 
-def evaluate_benchmark(label: str, questions, *, model_state, graphdef, chat, toolbox,
-                       rollout_cfg, seed: int, grader, samples: int, out_dir: str,
-                       batch_size: int,
-                       max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN) -> dict:
-    """One dataset's questions rolled out `samples` times, graded and written to `out_dir`
-    (resuming what is there); its summary per group (benchmark_report.summarize)."""
-    sample = benchmark_eval.rollout_sampler(model_state, graphdef, chat, toolbox, rollout_cfg,
-                                            seed, label, max_tool_calls_per_turn)
-    results = benchmark_eval.evaluate_dataset(questions, sample, grader, samples=samples,
-                                              out_dir=out_dir, batch_size=batch_size,
-                                              decode=chat.decode)
-    summary = benchmark_report.summarize(results)
-    log.info("%s: avg@%d %.3f over %d questions", label, samples,
-             summary[benchmark_report.ALL].avg_at_k, len(results))
-    return summary
-
-
 # ----------------------------------------------------------------------------- the job
 
 def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
     """Evaluates every dataset of `options` and writes <workdir>/report.md; returns the numbers
-    per dataset and group (benchmark_report.GroupSummary as dicts)."""
+    per dataset and group (summary.GroupSummary as dicts)."""
     specs = [parse_dataset(spec) for spec in options.datasets]
     if options.samples < 1:
         raise ValueError(f"--samples={options.samples} must be >= 1")
@@ -199,9 +164,11 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         world_assets = world_assets_lib.prepare_world(cfg, data_dir)
     chat = run_chat(cfg, ChatFormat.from_pretrained(tokenizer) if tokenizer
                     else world_assets.chat)
-    questions = {(name, config): load_questions(cfg, name, config, options, data_dir)
+    questions = {(name, config): load_questions(cfg, name, config, split=options.split,
+                                                num_questions=options.num_questions,
+                                                data_dir=data_dir)
                  for name, config in specs}
-    grader = make_grader(cfg, options)
+    grader = make_grader(cfg.reward, options.grader, options.judge_url)
     mesh = make_mesh(cfg)
     graphdef, model_state = restore_model(cfg, mesh, options.checkpoint)
     rollout_cfg = dataclasses.replace(rollout_config(cfg, evaluation=True),
@@ -220,18 +187,18 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         server = stack.enter_context(SearchServer(corpus)) if corpus else None
         if server is not None:
             log.info("local search service over %s", corpus)
-        toolbox = make_toolbox(cfg.tools, server.url if server is not None else None)
+        policy = Policy(graphdef, model_state, chat,
+                        make_toolbox(cfg.tools, server.url if server is not None else None),
+                        rollout_cfg, cfg.train.seed, tool_calls_per_turn(cfg))
         for (name, config), qs in questions.items():
             label = output_name(name, config)
-            summaries[label] = evaluate_benchmark(
-                label, qs, model_state=model_state, graphdef=graphdef, chat=chat,
-                toolbox=toolbox, rollout_cfg=rollout_cfg, seed=cfg.train.seed, grader=grader,
-                samples=options.samples, out_dir=os.path.join(options.workdir, label),
-                batch_size=batch_size, max_tool_calls_per_turn=tool_calls_per_turn(cfg))
+            evaluator = BenchmarkEvaluator(label, qs, grader, batch_size=batch_size,
+                                           out_dir=os.path.join(options.workdir, label))
+            summaries.update(evaluator.run(policy).summaries)
     if jax.process_index() == 0:
         header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}; "
                   f"mode: {rollout_cfg.mode}; samples: {options.samples}; temperature: "
                   f"{rollout_cfg.temperature:g}; grader: {grader.method}")
-        benchmark_report.write_report(options.workdir, summaries, header)
+        summary_lib.write_report(options.workdir, summaries, header)
     return {label: {group: dataclasses.asdict(s) for group, s in groups.items()}
             for label, groups in summaries.items()}
