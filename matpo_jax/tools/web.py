@@ -32,7 +32,11 @@ from matpo_jax.tools.results import (BAD_ARGUMENTS, BAD_RESPONSE, BLOCKED_URL, T
 from matpo_jax.tools.transport import Response
 
 MAX_PDF_PAGES = 100
-FALLBACK_RESERVE_S = 1.0  # of a call's deadline, kept for the linear extractor (html_text.py)
+# Of a call's deadline, kept for the linear extractor (html_text.py): it takes ~0.25 s a MB on an
+# idle core, so the reserve grows with the page and leaves room for a CPU shared 2-3 ways (a page
+# at the 2 MB cap with a flat 1 s reserve ran 0.14 s past its deadline on a loaded 2-core CI).
+FALLBACK_RESERVE_S = 0.5
+FALLBACK_RESERVE_S_PER_MB = 1.0
 ACCEPT = "text/html,application/xhtml+xml,application/pdf,text/plain;q=0.9,*/*;q=0.5"
 _TEXT_TYPES = ("text/", "application/json", "application/xml", "application/ld+json")
 
@@ -86,9 +90,9 @@ def extract_html(html: str, url: str | None = None, deadline: float | None = Non
     when it finds no main text (very short pages) or is not done in time."""
     if deadline is None:
         deadline = time.monotonic() + HttpPolicy().deadline_s
-    # The fallback's time is kept out of trafilatura's: a page at the byte cap takes ~0.5 s.
-    title, text = (pool or shared_pool()).extract(
-        html, url, deadline - FALLBACK_RESERVE_S) or ("", "")
+    # The fallback's time is kept out of trafilatura's.
+    reserve = FALLBACK_RESERVE_S + FALLBACK_RESERVE_S_PER_MB * len(html) / 1e6
+    title, text = (pool or shared_pool()).extract(html, url, deadline - reserve) or ("", "")
     if not title or not text.strip():
         page_title, words = html_title_and_text(html)
         title, text = title or page_title, text if text.strip() else words
