@@ -1,31 +1,36 @@
-"""Miniature reproduction of the paper's comparison: single-agent GRPO vs MATPO, same SFT start and
-RL budget, at a chosen noise level (long, noisy tool output is where MATPO should win).
+"""Miniature reproduction of the paper's comparison: single-agent GRPO vs MATPO from the same reading
+warm start, with the same SFT budget (demonstrations of each run's own way of working) and the same
+RL budget and question stream, at a chosen noise level.
 
   python -m matpo_jax.train --config=configs/synthetic_repro.py:mode=matpo,noise=0.6,seed=1 --workdir=...
   arguments: mode=matpo|single, noise=<0..1>, seed=<int>, recap=<bool>, summary=<bool> (ablations)
+
+Where the mechanism acts: the tools return whole pages (up to 1,400 characters), and the world's
+noise is the share of irrelevant sentences on them, so noise lengthens every tool response. A
+single agent carries every listing and page of every hop in its one 1,024-token context; MATPO's
+planner reads only the workers' reports, each worker one hop's pages in a fresh context. Oracle
+contexts (docs/repro/README.md): at noise 0.05 a two-hop single-agent episode is ~850 tokens and
+fits; at 0.6 it is ~1,080 and does not (a worker's one hop: ~770).
 """
 import os
 
 from matpo_jax.config import load_config_file, parse_arg
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 def get_config(arg=None):
-    a = parse_arg(arg, mode="matpo", noise=0.3, seed=0, recap=True, summary=True)
-    c = load_config_file(os.path.join(os.path.dirname(__file__), "synthetic_tiny.py"))
+    a = parse_arg(arg, mode="matpo", noise=0.6, seed=0, recap=True, summary=True)
+    # The demo's model (the reading warm start), world, SFT and RL recipe: only the ways of
+    # working, the noise and the tool output's length differ.
+    c = load_config_file(os.path.join(HERE, "synthetic_demo.py"))
     c.rollout.mode = a.mode
-    c.rollout.user_query_recap = a.recap
+    c.sft.modes = a.mode  # each method's SFT demonstrates its own way of working...
+    c.rollout.user_query_recap = a.recap  # ...in its own prompt format (the oracle follows both)
     c.rollout.final_summary = a.summary
     c.data.noise = a.noise
     c.train.seed = a.seed
     c.data.shuffle_seed = a.seed
-    c.eval.split = "test"  # the table reports held-out test accuracy
-    # The grid is 12 runs (+6 ablation runs) on a 2-core CPU: a short RL budget, the same for
-    # every method. Tool output stays capped at the demo's 320 characters: with whole pages
-    # (1400) at noise 0.3 the tiny model's SFT start was 0% for both methods.
-    c.train.steps = 20
-    # What the committed grid (docs/repro) ran with; the demo has since moved to lr 1e-4, RL on
-    # undemonstrated questions and all 360 validation questions.
-    c.rl.lr = 3e-4
-    c.data.rl_skips_demonstrated = False
-    c.eval.num_questions = 96
+    c.tools.max_response_chars = 1400  # whole pages: the noise is in the context
+    c.eval.update(split="test", num_questions=0, curve_questions=96)  # all 360 test questions
     return c

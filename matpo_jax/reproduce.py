@@ -1,40 +1,43 @@
-"""Miniature reproduction of the paper's table: single-agent GRPO vs MATPO (and ablations), several
-noise levels and seeds, from the SAME SFT starting point with the same RL budget; writes a markdown
-table and curves.
+"""Miniature reproduction of the paper's comparison: single-agent GRPO vs MATPO (and the recap and
+final-summary ablations) at several noise levels and seeds, from the same warm start with the same
+SFT and RL budgets; writes a markdown table, the bars it checks, and validation curves.
 
     python -m matpo_jax.reproduce --out=docs/repro                         # the full grid
-    python -m matpo_jax.reproduce --out=/tmp/r --noise=0.3 --seeds=0 --variants=matpo,single
+    python -m matpo_jax.reproduce --out=/tmp/r --noise=0.6 --seeds=0 --variants=matpo,single
 
-Per noise level, one SFT-only run (`train.steps=0`) learns both ways of working from demonstrations
-of both (`sft.modes=matpo+single`); every method and seed then starts RL from its checkpoint
-(`sft.init_checkpoint`). Each run is `python -m matpo_jax.train --config=configs/synthetic_repro.py:
-<args>` in its own workdir, so an interrupted grid resumes: finished runs are skipped, a killed one
-continues from its last checkpoint. The table reports test-split accuracy (mean +- std over seeds),
-overall and per hop.
+Per method and noise level, one SFT-only run (`train.steps=0`) learns that method's way of
+working from demonstrations written in its own prompt format (configs/synthetic_repro.py); each
+seed then starts RL from its checkpoint (`sft.init_checkpoint`). The first seed evaluates the
+shared SFT start; the other seeds take that evaluation (the same parameters, greedy decoding)
+instead of repeating it. Every run is `python -m matpo_jax.train` in its own workdir, so an
+interrupted grid resumes: finished runs are skipped, a killed one continues from its last
+checkpoint. The compared methods run first at every noise level, the ablations after them.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+import shutil
 import sys
 
 import numpy as np
 from absl import app, flags
 
 from matpo_jax.report import compare
+from matpo_jax.run.job_graph import Job, run_jobs
 
 _OUT = flags.DEFINE_string("out", "docs/repro", "Where runs, table and plots go.")
-_NOISE = flags.DEFINE_list("noise", ["0.05", "0.3"], "Noise levels of the world.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds per setting.")
+_NOISE = flags.DEFINE_list("noise", ["0.05", "0.6"], "Noise levels of the world (low first).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "RL seeds per setting.")
 _VARIANTS = flags.DEFINE_list("variants", ["single", "matpo", "matpo_no_recap", "matpo_no_summary"],
                               "Methods to run.")
-_ABLATIONS_AT = flags.DEFINE_list("ablations_at", ["0.05"],
-                                   "Noise levels where the ablation variants run (each costs a "
-                                   "full run per seed).")
+_ABLATIONS_AT = flags.DEFINE_list("ablations_at", ["0.6"],
+                                  "Noise levels where the ablation variants run (each costs an "
+                                  "SFT and a run per seed).")
 _ABLATION_SEEDS = flags.DEFINE_list("ablation_seeds", None,
-                                     "Seeds of the ablation variants (default: --seeds).")
+                                    "Seeds of the ablation variants (default: --seeds).")
 _OVERRIDES = flags.DEFINE_string("overrides", "", "Extra config overrides for every run (a=b,c=d).")
+_PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at once (each is its own process).")
 
 VARIANTS = {  # name -> synthetic_repro arguments
     "single": "mode=single",
@@ -44,41 +47,9 @@ VARIANTS = {  # name -> synthetic_repro arguments
 }
 COMPARED = ("single", "matpo")  # run at every noise level and seed; the rest are ablations
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_one(workdir: str, arg: str, overrides: str) -> dict:
-    summary_path = os.path.join(workdir, "summary.json")
-    if not os.path.exists(summary_path):
-        config = os.path.join(REPO, "configs", "synthetic_repro.py")
-        command = [sys.executable, "-m", "matpo_jax.train", f"--config={config}:{arg}",
-                   f"--workdir={workdir}"]
-        command += [f"--config.{kv}" for kv in overrides.split(",") if kv]
-        subprocess.run(command, check=True, cwd=REPO)
-    with open(summary_path) as f:
-        return json.load(f)
-
-
-def shared_sft(out: str, noise: str, overrides: str) -> str:
-    """The SFT checkpoint directory every run at this noise level starts from (trained once)."""
-    workdir = os.path.join(out, "runs", f"sft_noise{noise}")
-    run_one(workdir, f"mode=matpo,noise={noise},seed=0",
-            ",".join(filter(None, [overrides, "sft.modes=matpo+single", "train.steps=0"])))
-    return os.path.join(os.path.abspath(workdir), "checkpoints", "sft")
-
-
-def table(results: dict, noises, hops_keys) -> str:
-    head = "| noise | method | accuracy | " + " | ".join(k.split("_")[-1] for k in hops_keys) + " |"
-    lines = [head, "|" + "---|" * (3 + len(hops_keys))]
-    for noise in noises:
-        for variant, runs in results[noise].items():
-            cells = []
-            for key in ["eval/accuracy", *hops_keys]:
-                values = [100 * r["final_eval"].get(key, float("nan")) for r in runs]
-                cells.append(f"{np.mean(values):.1f} ± {np.std(values):.1f}")
-            sft = np.mean([100 * r["sft_eval"]["eval/accuracy"] for r in runs])
-            lines.append(f"| {noise} | {variant} (SFT start {sft:.1f}; {len(runs)} seeds) | "
-                         + " | ".join(cells) + " |")
-    return "\n".join(lines)
+# The bars the issue sets for the comparison at the highest noise level.
+MIN_GAP_POINTS, MIN_GAP_IN_POOLED_SD = 5.0, 2.0
+SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt")
 
 
 def variants_at(noise: str, variants, ablations_at) -> list[str]:
@@ -97,44 +68,201 @@ def seeds_of(variant: str, seeds, ablation_seeds) -> list[str]:
     return list(ablation_seeds)
 
 
+def sft_name(variant: str, noise: str) -> str:
+    return f"sft_{variant}_noise{noise}"
+
+
+def rl_name(variant: str, noise: str, seed: str) -> str:
+    return f"{variant}_noise{noise}_seed{seed}"
+
+
+def _train_command(workdir: str, arg: str, overrides: list[str]) -> list[str]:
+    config = os.path.join(REPO, "configs", "synthetic_repro.py")
+    return ([sys.executable, "-m", "matpo_jax.train", f"--config={config}:{arg}",
+             f"--workdir={workdir}"] + [f"--config.{kv}" for kv in overrides if kv])
+
+
+def _finished(workdir: str) -> bool:
+    return os.path.exists(os.path.join(workdir, "summary.json"))
+
+
+def _copy_shared_eval(source: str, target: str) -> None:
+    """The SFT start's evaluation from the run that made it (the same parameters)."""
+    os.makedirs(os.path.join(target, "eval"), exist_ok=True)
+    for name in SHARED_EVAL_FILES:
+        src, dst = os.path.join(source, "eval", name), os.path.join(target, "eval", name)
+        if os.path.exists(src) and not os.path.exists(dst):
+            shutil.copyfile(src, dst)
+
+
+def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
+         overrides: list[str]) -> list[Job]:
+    """The grid as jobs in priority order: the compared methods' SFTs and runs at every noise
+    level, then the ablations'."""
+    runs = os.path.join(out, "runs")
+    compared = [(v, n) for n in noises for v in variants_at(n, variants, ablations_at)
+                if v in COMPARED]
+    ablations = [(v, n) for n in noises for v in variants_at(n, variants, ablations_at)
+                 if v not in COMPARED]
+    jobs, world_maker = [], {}  # the first SFT at a noise level builds its world's dataset
+    for group in (compared, ablations):
+        for variant, noise in group:
+            workdir = os.path.join(runs, sft_name(variant, noise))
+            after = (world_maker[noise],) if noise in world_maker else ()
+            world_maker.setdefault(noise, sft_name(variant, noise))
+            jobs.append(Job(sft_name(variant, noise),
+                            _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed=0",
+                                           overrides + ["train.steps=0"]),
+                            log_path=workdir + ".log", after=after,
+                            done=lambda w=workdir: _finished(w)))
+        for variant, noise in group:
+            start = os.path.join(os.path.abspath(runs), sft_name(variant, noise),
+                                 "checkpoints", "sft")
+            variant_seeds = seeds_of(variant, seeds, ablation_seeds)
+            first = os.path.join(runs, rl_name(variant, noise, variant_seeds[0]))
+            for seed in variant_seeds:
+                workdir = os.path.join(runs, rl_name(variant, noise, seed))
+                after = (sft_name(variant, noise),)
+                share = None
+                if workdir != first:
+                    after += (rl_name(variant, noise, variant_seeds[0]),)
+                    share = lambda s=first, t=workdir: _copy_shared_eval(s, t)  # noqa: E731
+                jobs.append(Job(
+                    rl_name(variant, noise, seed),
+                    _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed={seed}",
+                                   overrides + [f"sft.init_checkpoint={start}"]),
+                    log_path=workdir + ".log", after=after, before_start=share,
+                    done=lambda w=workdir: _finished(w)))
+    return jobs
+
+
+def _percent(runs: list[dict], phase: str, key: str) -> np.ndarray:
+    return np.array([100 * r[phase].get(key, float("nan")) for r in runs])
+
+
+def _context_cell(runs: list[dict]) -> str:
+    """How full the context that holds the tool output got after RL: the single agent's, or a
+    MATPO worker's (mean tokens, and the share of those rollouts stopped by the limit)."""
+    role = "single" if any("eval/rollouts/single" in r["final_eval"] for r in runs) else "worker"
+    tokens = [r["final_eval"].get(f"eval/context_tokens_mean/{role}", float("nan")) for r in runs]
+    stopped = [r["final_eval"].get(f"eval/finish_max_context_frac/{role}", 0.0) for r in runs]
+    return f"{role}: {np.mean(tokens):.0f} tokens, {100 * np.mean(stopped):.0f}% at the limit"
+
+
+def table(results: dict, noises, hops_keys) -> str:
+    head = ("| noise | method | accuracy | " + " | ".join(k.split("_")[-1] for k in hops_keys)
+            + " | context after RL |")
+    lines = [head, "|" + "---|" * (4 + len(hops_keys))]
+    for noise in noises:
+        for variant, runs in results[noise].items():
+            cells = []
+            for key in ["eval/accuracy", *hops_keys]:
+                values = _percent(runs, "final_eval", key)
+                cells.append(f"{np.mean(values):.1f} ± {np.std(values):.1f}")
+            sft = np.mean(_percent(runs, "sft_eval", "eval/accuracy"))
+            lines.append(f"| {noise} | {variant} (SFT start {sft:.1f}; {len(runs)} seeds) | "
+                         + " | ".join(cells) + f" | {_context_cell(runs)} |")
+    return "\n".join(lines)
+
+
+def gaps(results: dict, noises) -> dict[str, dict]:
+    """MATPO minus single agent after RL at each noise level with both: the mean gap in points
+    and the pooled standard deviation of the seeds (population sd, as the table)."""
+    out = {}
+    for noise in noises:
+        runs = results.get(noise, {})
+        if not all(runs.get(v) for v in COMPARED):
+            continue
+        matpo = _percent(runs["matpo"], "final_eval", "eval/accuracy")
+        single = _percent(runs["single"], "final_eval", "eval/accuracy")
+        out[noise] = {"gap": float(matpo.mean() - single.mean()),
+                      "pooled_sd": float(np.sqrt((matpo.var() + single.var()) / 2))}
+    return out
+
+
+def bars(gap_by_noise: dict[str, dict], noises) -> list[str]:
+    """The issue's bars, each stated as met or not."""
+    measured = [n for n in noises if n in gap_by_noise]
+    if not measured:
+        return ["- no noise level has both compared methods yet"]
+    high, low = measured[-1], measured[0]
+    g = gap_by_noise[high]
+    lines = [f"- MATPO - single at noise {high}: {g['gap']:+.1f} points (bar: >= "
+             f"{MIN_GAP_POINTS:.0f}): **{'met' if g['gap'] >= MIN_GAP_POINTS else 'not met'}**",
+             f"- the same gap in pooled seed sd: {g['gap']:+.1f} vs {MIN_GAP_IN_POOLED_SD:.0f} x "
+             f"{g['pooled_sd']:.1f} (bar: >= {MIN_GAP_IN_POOLED_SD:.0f} x): **"
+             + ("met" if 0 < g["gap"] >= MIN_GAP_IN_POOLED_SD * g["pooled_sd"] else "not met")
+             + "**"]
+    if low != high:
+        gl = gap_by_noise[low]["gap"]
+        lines.append(f"- the gap grows with noise: {gl:+.1f} at {low} -> {g['gap']:+.1f} at "
+                     f"{high}: **{'met' if g['gap'] > gl else 'not met'}**")
+    return lines
+
+
+def collect(out: str, noises, seeds, variants, ablations_at, ablation_seeds) -> dict:
+    """{noise: {variant: [summary of each finished seed]}}."""
+    results = {}
+    for noise in noises:
+        results[noise] = {}
+        for variant in variants_at(noise, variants, ablations_at):
+            summaries = []
+            for seed in seeds_of(variant, seeds, ablation_seeds):
+                path = os.path.join(out, "runs", rl_name(variant, noise, seed), "summary.json")
+                if os.path.exists(path):
+                    with open(path) as f:
+                        summaries.append(json.load(f))
+            if summaries:
+                results[noise][variant] = summaries
+    return results
+
+
 def main(argv):
     del argv
-    os.makedirs(_OUT.value, exist_ok=True)
-    results = {}
-    # One world (dataset, corpus, tokenizer) per noise level, shared by the SFT and RL runs.
-    shared = f"data.data_dir={os.path.abspath(os.path.join(_OUT.value, 'tfds'))}"
-    base_overrides = ",".join(filter(None, [_OVERRIDES.value, shared]))
+    out = _OUT.value
+    os.makedirs(out, exist_ok=True)
+    # One world (dataset, corpus) per noise level, shared by every run at that level.
+    shared = f"data.data_dir={os.path.abspath(os.path.join(out, 'tfds'))}"
+    overrides = [kv for kv in _OVERRIDES.value.split(",") if kv] + [shared]
+    grid = (_NOISE.value, _SEEDS.value, _VARIANTS.value, _ABLATIONS_AT.value,
+            _ABLATION_SEEDS.value)
+    jobs = plan(out, *grid, overrides)
+    print(f"reproduce: {len(jobs)} runs, {_PARALLEL.value} at a time; logs beside each workdir "
+          f"in {os.path.join(out, 'runs')}")
+    failed = run_jobs(jobs, parallel=_PARALLEL.value, cwd=REPO)
+    results = collect(out, *grid)
     for noise in _NOISE.value:
-        results[noise] = {}
-        start = shared_sft(_OUT.value, noise, base_overrides)
-        overrides = ",".join([base_overrides, f"sft.init_checkpoint={start}"])
-        methods = variants_at(noise, _VARIANTS.value, _ABLATIONS_AT.value)
-        for variant in methods:
-            runs = []
-            for seed in seeds_of(variant, _SEEDS.value, _ABLATION_SEEDS.value):
-                workdir = os.path.join(_OUT.value, "runs", f"{variant}_noise{noise}_seed{seed}")
-                arg = f"{VARIANTS[variant]},noise={noise},seed={seed}"
-                runs.append(run_one(workdir, arg, overrides))
-            results[noise][variant] = runs
-        curves = {v: [os.path.join(_OUT.value, "runs", f"{v}_noise{noise}_seed{s}", "metrics.jsonl")
-                      for s in seeds_of(v, _SEEDS.value, _ABLATION_SEEDS.value)] for v in methods}
-        compare.plot_comparison(curves, os.path.join(_OUT.value, f"curves_noise{noise}.png"),
-                              keys=("reward/accuracy", "reward/mean", "loss"),
-                              title=f"test-time noise {noise}: mean ± std over seeds")
+        methods = results[noise]
+        if methods:
+            dirs = {v: [os.path.join(s["workdir"], "metrics.jsonl") for s in runs]
+                    for v, runs in methods.items()}
+            compare.compare_runs(dirs, os.path.join(out, f"curves_noise{noise}.png"),
+                                 band="sd", title=f"noise {noise}: test accuracy (96-question "
+                                 "curve) and rollout reward; mean ± sd over seeds")
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})
+    gap_by_noise = gaps(results, _NOISE.value)
+    command = (f"python -m matpo_jax.reproduce --out={out} --noise={','.join(_NOISE.value)} "
+               f"--seeds={','.join(_SEEDS.value)} --variants={','.join(_VARIANTS.value)} "
+               f"--ablations_at={','.join(_ABLATIONS_AT.value)}"
+               + (f" --ablation_seeds={','.join(_ABLATION_SEEDS.value)}"
+                  if _ABLATION_SEEDS.value else ""))
     text = "\n".join([
         "# Miniature reproduction: single-agent GRPO vs MATPO", "",
-        f"Command: `python -m matpo_jax.reproduce --out={_OUT.value} --noise={','.join(_NOISE.value)} "
-        f"--seeds={','.join(_SEEDS.value)} --variants={','.join(_VARIANTS.value)} "
-        f"--ablations_at={','.join(_ABLATIONS_AT.value)}"
-        + (f" --ablation_seeds={','.join(_ABLATION_SEEDS.value)}" if _ABLATION_SEEDS.value else "")
-        + "`", "",
-        "Evaluation accuracy (%) after RL, mean ± std over seeds; SFT start = before RL.", "",
-        table(results, _NOISE.value, hops), ""])
-    with open(os.path.join(_OUT.value, "README.md"), "w") as f:
+        f"Command: `{command}`", "",
+        "Test accuracy (%) after RL, mean ± sd over seeds; SFT start = before RL.", "",
+        table(results, _NOISE.value, hops), "", "Bars:", *bars(gap_by_noise, _NOISE.value), "",
+        *([f"Not finished: {', '.join(f'{k} ({v})' for k, v in sorted(failed.items()))}", ""]
+          if failed else [])])
+    with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"command": command, "gaps": gap_by_noise, "failed": failed,
+                   "runs": {n: {v: [{"sft": r["sft_eval"], "final": r["final_eval"]}
+                                    for r in runs] for v, runs in m.items()}
+                            for n, m in results.items()}}, f, indent=1, sort_keys=True)
     print(text)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

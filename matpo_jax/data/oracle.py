@@ -58,17 +58,29 @@ class RolePrompts:
     single_system: str
     question: Callable[[str], str] = prompts.question_prompt
     recap: Callable[[str, str], str] = prompts.worker_recap
-    final_summary: str = prompts.FINAL_SUMMARY_INSTRUCTION
+    # The instruction of the worker's no-tools summary turn; None: no such turn, the worker's
+    # last turn is its report (as `rollout.final_summary=False` does at rollout time).
+    final_summary: str | None = prompts.FINAL_SUMMARY_INSTRUCTION
     report_max_chars: int = 2000  # the cap the planner's tool response gets (clean_report)
 
 
-def default_prompts(report_max_chars: int = 2000) -> RolePrompts:
-    """Role texts from agents/prompts.py with each role's tool schemas in its system prompt."""
+def subtask_only(main_task: str, subtask: str) -> str:
+    """A worker's user message without the planner's question (`rollout.user_query_recap=False`)."""
+    del main_task
+    return subtask
+
+
+def default_prompts(report_max_chars: int = 2000, *, user_query_recap: bool = True,
+                    final_summary: bool = True) -> RolePrompts:
+    """Role texts from agents/prompts.py with each role's tool schemas in its system prompt; the
+    two switches are the rollout's, so an ablation's demonstrations read like its rollouts."""
     worker_tools, planner_tools = [SEARCH_SCHEMA, OPEN_SCHEMA], [SUBAGENT_SCHEMA]
     return RolePrompts(
         planner_system=ChatFormat.system_prompt(prompts.ROLE_TEXT[PLANNER], planner_tools),
         worker_system=ChatFormat.system_prompt(prompts.ROLE_TEXT[WORKER], worker_tools),
         single_system=ChatFormat.system_prompt(prompts.ROLE_TEXT[SINGLE], worker_tools),
+        recap=prompts.worker_recap if user_query_recap else subtask_only,
+        final_summary=prompts.FINAL_SUMMARY_INSTRUCTION if final_summary else None,
         report_max_chars=report_max_chars)
 
 
@@ -169,13 +181,17 @@ class Oracle:
             statement = f"Fact: {fact}"
         else:
             fact = statement = f"The {hop.relation} of {hop.subject_name} is {hop.answer}."
-        if solved:
-            messages.append(_assistant(statement))
-            report = f"Conclusion: {hop.answer}. Fact: {fact} Source: {hop.doc_id}."
+        if not solved:
+            statement = f"I could not find the {hop.relation} of {hop.subject_name}."
+        messages.append(_assistant(statement))
+        if self.prompts.final_summary is None:  # the statement is the report
+            report = statement
         else:
-            messages.append(_assistant(f"I could not find the {hop.relation} of {hop.subject_name}."))
-            report = f"Conclusion: not found. The {hop.relation} of {hop.subject_name} is unknown."
-        messages += [{"role": "user", "content": self.prompts.final_summary}, _assistant(report)]
+            report = (f"Conclusion: {hop.answer}. Fact: {fact} Source: {hop.doc_id}." if solved
+                      else f"Conclusion: not found. The {hop.relation} of {hop.subject_name} "
+                           "is unknown.")
+            messages += [{"role": "user", "content": self.prompts.final_summary},
+                         _assistant(report)]
         return Demonstration(role=WORKER, messages=messages, answer=hop.answer if solved else None,
                              solved=solved,
                              report=prompts.clean_report(report, self.prompts.report_max_chars))

@@ -72,7 +72,9 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     max_chars = cfg.tools.max_response_chars
     oracle = Oracle(tool_text(rt.toolbox, "search", max_chars),
                     tool_text(rt.toolbox, "open", max_chars),
-                    role_prompts=default_prompts(cfg.rollout.report_max_chars),
+                    role_prompts=default_prompts(
+                        cfg.rollout.report_max_chars, user_query_recap=cfg.rollout.user_query_recap,
+                        final_summary=cfg.rollout.final_summary),
                     imperfection=Imperfection(wasted_search=cfg.sft.wasted_search,
                                               wrong_open=cfg.sft.wrong_open),
                     num_results=cfg.tools.num_results, seed=cfg.train.seed,

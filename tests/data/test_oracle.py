@@ -199,3 +199,28 @@ def test_plain_worker_states_the_page_line_whose_value_follows_the_relation(smal
             # The value is copied from the one place on the page where the relation word precedes
             # it: no "is" in between, which every line of the page would share.
             assert line in page and f"{hop.relation} is " not in page
+
+
+@pytest.mark.parametrize("recap,summary", [(False, True), (True, False), (False, False)])
+def test_ablation_prompts_write_demonstrations_as_the_ablated_rollout_reads(
+        noisy_world, noisy_tools, recap, summary):
+    """An ablation's SFT must demonstrate its own prompt format: without the recap the worker's
+    user message is the subtask alone; without the summary turn the worker's last statement is
+    the report the planner reads (what rollout.py does with those switches off)."""
+    role_prompts = oracle_lib.default_prompts(200, user_query_recap=recap, final_summary=summary)
+    oracle = Oracle(noisy_tools.search, noisy_tools.open, role_prompts=role_prompts,
+                    fact_style="plain")
+    for q in _sample(noisy_world, per_hop=2):
+        demo = oracle.planner(q)
+        assert demo.solved and demo.answer == q.answer
+        assert [m["content"] for m in demo.messages if m["role"] == "tool"] == \
+            [w.report for w in demo.workers]
+        for worker, hop in zip(demo.workers, q.hops):
+            task = worker.messages[1]["content"]
+            assert task == (prompts.worker_recap(q.question, hop.subtask) if recap else hop.subtask)
+            texts = [m["content"] for m in worker.messages]
+            assert (prompts.FINAL_SUMMARY_INSTRUCTION in texts) == summary
+            assert hop.answer in worker.report
+            if not summary:
+                assert worker.report == worker.messages[-1]["content"]
+                assert worker.report.startswith("Fact: ")

@@ -19,15 +19,20 @@ def test_ablations_may_run_fewer_seeds():
 
 
 def test_table_reports_mean_and_std_over_seeds_per_hop():
-    def run(acc, hop1, sft):
-        return {"final_eval": {"eval/accuracy": acc, "eval/accuracy_hop1": hop1},
+    def run(acc, hop1, sft, role="single", stopped=0.5):
+        return {"final_eval": {"eval/accuracy": acc, "eval/accuracy_hop1": hop1,
+                               f"eval/rollouts/{role}": 8, f"eval/context_tokens_mean/{role}": 900,
+                               f"eval/finish_max_context_frac/{role}": stopped},
                 "sft_eval": {"eval/accuracy": sft}}
     results = {"0.3": {"single": [run(0.1, 0.2, 0.05), run(0.3, 0.4, 0.05)],
-                       "matpo": [run(0.5, 0.6, 0.1)]}}
+                       "matpo": [run(0.5, 0.6, 0.1, role="worker", stopped=0.0)]}}
     lines = reproduce.table(results, ["0.3"], ["eval/accuracy_hop1"]).splitlines()
-    assert lines[0].split("|")[1:-1] == [" noise ", " method ", " accuracy ", " hop1 "]
-    assert lines[2] == "| 0.3 | single (SFT start 5.0; 2 seeds) | 20.0 ± 10.0 | 30.0 ± 10.0 |"
-    assert lines[3] == "| 0.3 | matpo (SFT start 10.0; 1 seeds) | 50.0 ± 0.0 | 60.0 ± 0.0 |"
+    assert lines[0].split("|")[1:-1] == [" noise ", " method ", " accuracy ", " hop1 ",
+                                         " context after RL "]
+    assert lines[2] == ("| 0.3 | single (SFT start 5.0; 2 seeds) | 20.0 ± 10.0 | 30.0 ± 10.0 | "
+                        "single: 900 tokens, 50% at the limit |")
+    assert lines[3] == ("| 0.3 | matpo (SFT start 10.0; 1 seeds) | 50.0 ± 0.0 | 60.0 ± 0.0 | "
+                        "worker: 900 tokens, 0% at the limit |")
 
 
 def test_repro_config_applies_every_argument():
@@ -39,6 +44,73 @@ def test_repro_config_applies_every_argument():
     assert (c.rollout.mode, c.data.noise, c.train.seed, c.data.shuffle_seed) == (
         "single", 0.05, 2, 2)
     assert (c.rollout.user_query_recap, c.rollout.final_summary) == (False, False)
-    assert c.eval.split == "test"
+    assert c.eval.split == "test" and c.sft.modes == "single"  # SFT on its own way of working
     default = load_config_file(path, "seed=1")
-    assert default.train.steps == c.train.steps  # the same RL budget for every method
+    assert default.sft.modes == default.rollout.mode == "matpo"
+    for field in ("train.steps", "sft.steps", "sft.num_demos", "data.batch_size", "rl.lr",
+                  "rollout.group_size", "rollout.max_context", "tools.max_response_chars",
+                  "model.hf_checkpoint"):  # the same budgets, context and start for every method
+        section, name = field.split(".")
+        assert default[section][name] == c[section][name], field
+
+
+def _run_arg(job):
+    return next(a for a in job.command if a.startswith("--config=")).split(":", 1)[1]
+
+
+def test_each_method_starts_rl_from_sft_on_its_own_prompt_format(tmp_path):
+    jobs = reproduce.plan(str(tmp_path), ["0.05", "0.6"], ["0", "1"], list(reproduce.VARIANTS),
+                          ["0.6"], None, ["data.data_dir=/d"])
+    by_name = {j.name: j for j in jobs}
+    names = [j.name for j in jobs]
+    # The compared methods first, everywhere; the ablations (only at 0.6) after them.
+    assert names.index("matpo_noise0.6_seed1") < names.index("sft_matpo_no_recap_noise0.6")
+    assert "sft_matpo_no_recap_noise0.05" not in by_name
+    for variant in reproduce.VARIANTS:
+        sft = by_name[f"sft_{variant}_noise0.6"]
+        assert _run_arg(sft) == f"{reproduce.VARIANTS[variant]},noise=0.6,seed=0"
+        assert "--config.train.steps=0" in sft.command
+        for seed in ("0", "1"):
+            rl = by_name[f"{variant}_noise0.6_seed{seed}"]
+            assert _run_arg(rl) == f"{reproduce.VARIANTS[variant]},noise=0.6,seed={seed}"
+            start = [a for a in rl.command if a.startswith("--config.sft.init_checkpoint=")]
+            assert start == [f"--config.sft.init_checkpoint="
+                             f"{tmp_path}/runs/sft_{variant}_noise0.6/checkpoints/sft"]
+            assert sft.name in rl.after and "--config.data.data_dir=/d" in rl.command
+    # One run per noise level builds the world; the others at that level wait for it.
+    assert by_name["sft_single_noise0.6"].after == ()
+    assert by_name["sft_matpo_noise0.6"].after == ("sft_single_noise0.6",)
+
+
+def test_later_seeds_take_the_shared_starts_evaluation(tmp_path):
+    jobs = {j.name: j for j in reproduce.plan(str(tmp_path), ["0.6"], ["0", "1"], ["matpo"],
+                                              [], None, [])}
+    first, second = jobs["matpo_noise0.6_seed0"], jobs["matpo_noise0.6_seed1"]
+    assert first.before_start is None and "matpo_noise0.6_seed0" in second.after
+    evaluated = tmp_path / "runs" / "matpo_noise0.6_seed0" / "eval"
+    evaluated.mkdir(parents=True)
+    (evaluated / "sft.json").write_text('{"eval/accuracy": 0.25}')
+    second.before_start()
+    copied = tmp_path / "runs" / "matpo_noise0.6_seed1" / "eval" / "sft.json"
+    assert copied.read_text() == '{"eval/accuracy": 0.25}'
+    assert not second.done()
+    (copied.parent.parent / "summary.json").write_text("{}")
+    assert second.done()
+
+
+def test_bars_state_what_was_met():
+    def runs(*accs):
+        return [{"final_eval": {"eval/accuracy": a}, "sft_eval": {"eval/accuracy": 0.0}}
+                for a in accs]
+    results = {"0.05": {"single": runs(0.40, 0.42), "matpo": runs(0.41, 0.43)},
+               "0.6": {"single": runs(0.20, 0.22), "matpo": runs(0.30, 0.32)}}
+    gap = reproduce.gaps(results, ["0.05", "0.6"])
+    assert gap["0.6"]["gap"] == pytest.approx(10.0) and gap["0.6"]["pooled_sd"] == pytest.approx(1.0)
+    lines = reproduce.bars(gap, ["0.05", "0.6"])
+    assert all(line.endswith("**met**") for line in lines) and len(lines) == 3
+    results["0.6"]["matpo"] = runs(0.21, 0.25)  # +2 points: neither bar, but still above 0.05's
+    lines = reproduce.bars(reproduce.gaps(results, ["0.05", "0.6"]), ["0.05", "0.6"])
+    assert [line.endswith("**met**") for line in lines] == [False, False, True]
+    tie = reproduce.bars({"0.6": {"gap": 0.0, "pooled_sd": 0.0}}, ["0.6"])
+    assert [line.endswith("**met**") for line in tie] == [False, False]  # 0 >= 2 x 0 is no win
+    assert reproduce.bars({}, ["0.6"]) == ["- no noise level has both compared methods yet"]
