@@ -97,15 +97,14 @@ def _copy_shared_eval(source: str, target: str) -> None:
 
 def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
          overrides: list[str]) -> list[Job]:
-    """The grid as jobs in priority order: the compared methods' SFTs and runs at every noise
-    level, then the ablations'."""
+    """The grid as jobs in priority order: the compared methods before the ablations, and within
+    each, seed by seed (every method and noise level of the first seed, then of the second...),
+    so a grid stopped early has whole comparisons over fewer seeds, not some methods missing."""
     runs = os.path.join(out, "runs")
-    compared = [(v, n) for n in noises for v in variants_at(n, variants, ablations_at)
-                if v in COMPARED]
-    ablations = [(v, n) for n in noises for v in variants_at(n, variants, ablations_at)
-                 if v not in COMPARED]
+    settings = [(v, n) for n in noises for v in variants_at(n, variants, ablations_at)]
     jobs, world_maker = [], {}  # the first SFT at a noise level builds its world's dataset
-    for group in (compared, ablations):
+    for group in ([s for s in settings if s[0] in COMPARED],
+                  [s for s in settings if s[0] not in COMPARED]):
         for variant, noise in group:
             workdir = os.path.join(runs, sft_name(variant, noise))
             after = (world_maker[noise],) if noise in world_maker else ()
@@ -115,24 +114,26 @@ def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
                                            overrides + ["train.steps=0"]),
                             log_path=workdir + ".log", after=after,
                             done=lambda w=workdir: _finished(w)))
+        rl_jobs = []
         for variant, noise in group:
             start = os.path.join(os.path.abspath(runs), sft_name(variant, noise),
                                  "checkpoints", "sft")
             variant_seeds = seeds_of(variant, seeds, ablation_seeds)
             first = os.path.join(runs, rl_name(variant, noise, variant_seeds[0]))
-            for seed in variant_seeds:
+            for rank, seed in enumerate(variant_seeds):
                 workdir = os.path.join(runs, rl_name(variant, noise, seed))
                 after = (sft_name(variant, noise),)
                 share = None
                 if workdir != first:
                     after += (rl_name(variant, noise, variant_seeds[0]),)
                     share = lambda s=first, t=workdir: _copy_shared_eval(s, t)  # noqa: E731
-                jobs.append(Job(
+                rl_jobs.append((rank, Job(
                     rl_name(variant, noise, seed),
                     _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed={seed}",
                                    overrides + [f"sft.init_checkpoint={start}"]),
                     log_path=workdir + ".log", after=after, before_start=share,
-                    done=lambda w=workdir: _finished(w)))
+                    done=lambda w=workdir: _finished(w))))
+        jobs += [job for _, job in sorted(rl_jobs, key=lambda pair: pair[0])]  # stable
     return jobs
 
 

@@ -114,3 +114,14 @@ def test_bars_state_what_was_met():
     tie = reproduce.bars({"0.6": {"gap": 0.0, "pooled_sd": 0.0}}, ["0.6"])
     assert [line.endswith("**met**") for line in tie] == [False, False]  # 0 >= 2 x 0 is no win
     assert reproduce.bars({}, ["0.6"]) == ["- no noise level has both compared methods yet"]
+
+
+def test_the_grid_runs_seed_by_seed_so_an_early_stop_leaves_whole_comparisons(tmp_path):
+    jobs = reproduce.plan(str(tmp_path), ["0.05", "0.6"], ["0", "1", "2"], ["single", "matpo"],
+                          [], None, [])
+    rl = [j.name for j in jobs if not j.name.startswith("sft_")]
+    assert rl[:4] == ["single_noise0.05_seed0", "matpo_noise0.05_seed0",
+                      "single_noise0.6_seed0", "matpo_noise0.6_seed0"]
+    assert [name.rsplit("seed", 1)[1] for name in rl] == ["0"] * 4 + ["1"] * 4 + ["2"] * 4
+    assert [j.name for j in jobs[:4]] == [f"sft_{v}_noise{n}" for n in ("0.05", "0.6")
+                                          for v in ("single", "matpo")]
