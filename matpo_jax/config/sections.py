@@ -23,6 +23,7 @@ ROLLOUT_MODES = ("matpo", "single")
 OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
 FORMAT_CREDITS = ("always", "when_correct", "off")  # rl/rewards.py reads these
 RATIOS = ("token", "setwise")  # trainer/loss.py's; a test keeps them equal
+ROLLOUT_CORRECTIONS = ("off", "measure", "tis")  # trainer/loss.py's; a test keeps them equal
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -319,6 +320,13 @@ class RLSection(Section):
                             choices=LOSS_AGGREGATIONS)
     ratio: str = setting("token", "token: one ratio and clip per token (PPO); setwise (SRPO): "
                          "one per planner turn with the workers it spawned", choices=RATIOS)
+    rollout_correction: str = setting(
+        "off", "sampler vs train-step numerics (METHOD 5.3): off; measure (recompute the sampled "
+        "tokens' log-probs, one more forward pass, and log mismatch/*); tis (also: the ratio "
+        "against them, each token weighted by min(pi_step / pi_sampler, rl.tis_cap))",
+        choices=ROLLOUT_CORRECTIONS)
+    tis_cap: float = setting(2.0, "rl.rollout_correction=tis: the largest importance weight",
+                             range=Interval(ge=1))
     seq_mean_denominator: str = setting("sequences", "seq-mean modes: divide by sequences, or by "
                                         "planners (the reference release)",
                                         choices=("sequences", "planners"))

@@ -61,14 +61,16 @@ def abstract_train_state(params, frozen, tx: optax.GradientTransformation, mesh)
     return _with_shardings(shapes, shardings), shardings
 
 
-def abstract_batch(rows: int, length: int, mesh, with_ref_logprobs: bool) -> PackedBatch:
+def abstract_batch(rows: int, length: int, mesh, with_ref_logprobs: bool,
+                   with_recomputed_logprobs: bool = False) -> PackedBatch:
     sharding = parallel.batch_sharding(mesh)
     ints = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=sharding)
     floats = jax.ShapeDtypeStruct((rows, length), jnp.float32, sharding=sharding)
     return PackedBatch(tokens=ints, positions=ints, segment_ids=ints, role_ids=ints,
                        loss_mask=floats, advantages=floats, old_logprobs=floats,
                        loss_weights=floats, rollout_ids=ints,
-                       ref_logprobs=floats if with_ref_logprobs else None)
+                       ref_logprobs=floats if with_ref_logprobs else None,
+                       recomputed_logprobs=floats if with_recomputed_logprobs else None)
 
 
 def _memory(compiled) -> dict:
@@ -137,7 +139,8 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
     state, shardings = abstract_train_state(params, frozen, tx, mesh)
     multiple = step_config.row_multiple(mesh)
     rows = -(-inputs.rows // multiple) * multiple
-    batch = abstract_batch(rows, inputs.row_length, mesh, step_config.loss.kl_coef > 0)
+    batch = abstract_batch(rows, inputs.row_length, mesh, step_config.loss.kl_coef > 0,
+                           step_config.loss.rollout_correction != "off")
     run = step_lib.make_train_step(graphdef, tx, step_config, mesh, shardings)
     start, cpu_start = time.perf_counter(), time.process_time()
     compiled, error = _compile(run.jitted.lower(state, batch))

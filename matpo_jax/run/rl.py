@@ -36,6 +36,7 @@ from matpo_jax.data import loader as loader_lib
 from matpo_jax.rl import batch as batch_lib
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.trainer import loop as loop_lib
+from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import step as step_lib
 from matpo_jax.run.runtime import (Runtime, loop_config, optimizer_config, reward_config,
                                    rng_for, rollout_config, step_config, tool_calls_per_turn)
@@ -118,6 +119,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
                               scfg, rt.mesh)
     questions = iter(question_loader(rt))
     with_reference = reference_logprobs(rt, loop, scfg)  # before a resume replaces the params
+    with_recomputed = recomputed_logprobs(rt, loop, scfg)
     rcfg, sampler_mesh = rollout_config(cfg), multihost.local_mesh(rt.mesh)
     # Which questions each step trained on: a resumed run must consume the same stream.
     with _consumed_record(rt) as consumed, \
@@ -139,6 +141,8 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
             # score and pack: rewards, advantages, the MATPO batch over every process's rows
             batch, metrics = score_and_pack(rt, rollout_batch, step_questions, share, scfg)
             batch = with_reference(batch)
+            # the step's own log-probs under the sampling parameters (rl.rollout_correction)
+            batch, mismatch = with_recomputed(batch, session.state)
             metrics.update(time_rollout_s=t1 - t0, time_batch_s=time.perf_counter() - t1)
             # Process 0 logs the whole batch's statistics (multihost.combine_metrics says how).
             metrics = multihost.combine_metrics(multihost.allgather_objects(
@@ -146,6 +150,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
             # update
             record = session.update(batch)
             record.update(metrics)
+            record.update(mismatch)  # whole-batch figures already, on every process
             done = step + 1
             if evaluate_fn is not None and _evaluates_after(cfg.train, done):
                 record.update(evaluate_fn(loop.graphdef, model_state(session.state),
@@ -200,3 +205,22 @@ def reference_logprobs(rt: Runtime, loop: loop_lib.TrainLoop, scfg):
     reference = (copy(loop.state.params), loop.state.frozen)
     logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
     return lambda batch: dataclasses.replace(batch, ref_logprobs=logprobs(*reference, batch))
+
+
+def recomputed_logprobs(rt: Runtime, loop: loop_lib.TrainLoop, scfg):
+    """(batch, state) -> (batch with the train step's own log-probs of the sampled tokens under
+    `state`'s parameters, the sampler's, and the mismatch between the two: mismatch/*), with
+    rl.rollout_correction = measure or tis (METHOD 5.3); off: the batch unchanged, no metrics.
+    Called before the update, so `state` holds the parameters the rollouts were sampled with."""
+    if scfg.loss.rollout_correction == "off":
+        return lambda batch, state: (batch, {})
+    logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
+    mismatch = jax.jit(loss_lib.rollout_mismatch)
+
+    def recompute(batch, state):
+        recomputed = logprobs(state.params, state.frozen, batch)
+        stats = mismatch(batch.old_logprobs, recomputed, batch.loss_mask)
+        return (dataclasses.replace(batch, recomputed_logprobs=recomputed),
+                {key: float(value) for key, value in stats.items()})
+
+    return recompute

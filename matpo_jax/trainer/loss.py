@@ -22,6 +22,10 @@ AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 SEQ_DENOMINATORS = ("sequences", "planners")
 RATIOS = ("token", "setwise")  # docs/METHOD.md sections 5 and 5.1
 KL_TYPES = ("k1", "low_var_kl")
+# docs/METHOD.md 5.3: off; measure (the step recomputes the sampled tokens' log-probs and logs how
+# far the sampler's are from them); tis (also: PPO's ratio against the recomputed log-probs, and
+# each token's loss weighted by min(pi_step / pi_sampler, tis_cap), truncated importance sampling).
+ROLLOUT_CORRECTIONS = ("off", "measure", "tis")
 ROLE_NAMES = ("planner", "worker")  # index = role id (trajectory.ROLE_IDS)
 LOG_RATIO_LIMIT = 20.0  # clip log(rho) before exp so a stale token cannot overflow
 
@@ -45,6 +49,8 @@ class LossConfig:
     # token: one ratio per token (PPO); setwise (SRPO): one ratio per set of a planner turn and
     # the workers it spawned, exp(sum of its tokens' log-ratios / sqrt(K)) (trainer/setwise.py).
     ratio: str
+    rollout_correction: str  # one of ROLLOUT_CORRECTIONS
+    tis_cap: float  # tis: the largest importance weight pi_step / pi_sampler a token gets
     entropy_metrics: bool = True  # costs one more pass over the vocabulary
     # Internal, setwise: rows are dealt to micro-batches by row % set_row_stride (the train
     # step's mini x micro batches), so a set's rows lie set_row_stride apart per micro-batch row.
@@ -56,10 +62,14 @@ class LossConfig:
     def __post_init__(self):
         for field, allowed in (("loss_agg", AGGREGATION_MODES),
                                ("seq_mean_denominator", SEQ_DENOMINATORS),
-                               ("kl_type", KL_TYPES), ("ratio", RATIOS)):
+                               ("kl_type", KL_TYPES), ("ratio", RATIOS),
+                               ("rollout_correction", ROLLOUT_CORRECTIONS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LossConfig.{field}={value!r}, expected one of {allowed}")
+        if not self.tis_cap >= 1.0:
+            raise ValueError(f"LossConfig.tis_cap={self.tis_cap!r} must be >= 1 (a cap below 1 "
+                             "would down-weight every token)")
 
 
 # ----------------------------------------------------------------------------- host: weights
@@ -224,18 +234,24 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
     if config.entropy_coef == 0:
         entropy = jax.lax.stop_gradient(entropy)
     mask = batch.loss_mask.astype(jnp.float32)
+    old_logp, tis_weight = behaviour_logprobs(batch, config)
     if config.ratio == "setwise":
         # One ratio per set, the same on each member token: rho = exp(set log-ratio).
-        set_log_ratio = setwise.set_log_ratios(logp - batch.old_logprobs, mask, batch,
+        set_log_ratio = setwise.set_log_ratios(logp - old_logp, mask, batch,
                                                config.set_row_stride)
         pg, is_clipped = clipped_surrogate(set_log_ratio, 0.0, batch.advantages,
                                            config.eps_low, config.eps_high, config.dual_clip_c)
     else:
-        pg, is_clipped = clipped_surrogate(logp, batch.old_logprobs, batch.advantages,
+        pg, is_clipped = clipped_surrogate(logp, old_logp, batch.advantages,
                                            config.eps_low, config.eps_high, config.dual_clip_c)
+    values = {}
+    if tis_weight is not None:
+        pg = tis_weight * pg
+        values["tis_weight"] = tis_weight
+        values["tis_capped_frac"] = (tis_weight >= config.tis_cap).astype(jnp.float32)
     per_token = pg
-    values = {"pg_loss": pg, "clip_frac": is_clipped.astype(jnp.float32),
-              "advantage": batch.advantages}
+    values.update({"pg_loss": pg, "clip_frac": is_clipped.astype(jnp.float32),
+                   "advantage": batch.advantages})
     if config.kl_coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("LossConfig.kl_coef > 0 needs batch.ref_logprobs")
@@ -246,7 +262,7 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
         per_token = per_token - config.entropy_coef * entropy
     if needs_entropy(config):
         values["entropy"] = entropy
-    log_ratio = jax.lax.stop_gradient(logp - batch.old_logprobs)
+    log_ratio = jax.lax.stop_gradient(logp - old_logp)
     values["approx_kl"] = jnp.exp(log_ratio) - 1.0 - log_ratio  # k3 of KL(old || current)
     weights = batch.loss_weights
     if config.weight_role is not None:
@@ -255,6 +271,41 @@ def policy_objective(logp, entropy, batch, config: LossConfig):
     metrics = _role_sums(batch.role_ids, mask, {k: jax.lax.stop_gradient(v)
                                                 for k, v in values.items()})
     return loss, metrics
+
+
+def behaviour_logprobs(batch, config: LossConfig):
+    """(PPO's old log-probs, the truncated importance weight or None) of every token.
+
+    off / measure: the sampler's recorded log-probs are the old policy, as in the paper. tis: the
+    step's own log-probs at the sampling parameters are (so the ratio starts at exactly 1), and
+    the sampler/step gap becomes a per-token weight min(pi_step / pi_sampler, tis_cap), constant
+    in the gradient (METHOD 5.3)."""
+    if config.rollout_correction == "off":
+        return batch.old_logprobs, None
+    if batch.recomputed_logprobs is None:
+        raise ValueError(f"LossConfig.rollout_correction={config.rollout_correction!r} needs "
+                         "batch.recomputed_logprobs (the step's log-probs at the sampling "
+                         "parameters)")
+    if config.rollout_correction == "measure":
+        return batch.old_logprobs, None
+    gap = jnp.clip(batch.recomputed_logprobs - batch.old_logprobs,
+                   -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    weight = jax.lax.stop_gradient(jnp.minimum(jnp.exp(gap), config.tis_cap))
+    return batch.recomputed_logprobs, weight
+
+
+def rollout_mismatch(sampler_logp, step_logp, mask) -> dict:
+    """How far the sampler's log-probs of the trained tokens are from the step's own at the same
+    parameters: mean and max of |difference|, and k3's estimate of KL(sampler || step) (tokens
+    are the sampler's draws: mean of exp(r) - 1 - r, r = step - sampler). Traceable: the sums
+    are global over a sharded batch."""
+    mask = mask.astype(jnp.float32)
+    diff = jnp.clip(step_logp - sampler_logp, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    tokens = jnp.maximum(mask.sum(), 1.0)
+    return {"mismatch/abs_mean": jnp.sum(mask * jnp.abs(diff)) / tokens,
+            "mismatch/abs_max": jnp.max(mask * jnp.abs(diff)),
+            "mismatch/kl": jnp.sum(mask * (jnp.exp(diff) - 1.0 - diff)) / tokens,
+            "mismatch/tokens": mask.sum()}
 
 
 def sft_objective(logp, batch):

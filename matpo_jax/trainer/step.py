@@ -308,7 +308,7 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
     jitted = jax.jit(logprobs, in_shardings=(shardings.params, shardings.frozen, batch_sharding))
 
     def run(params, frozen, batch: PackedBatch):
-        batch = dataclasses.replace(batch, ref_logprobs=None)
+        batch = dataclasses.replace(batch, ref_logprobs=None, recomputed_logprobs=None)
         out = jitted(params, frozen, jax.device_put(batch, batch_sharding))
         # A multi-process batch's log-probs stay a global array (no process holds all rows).
         return np.asarray(out) if out.is_fully_addressable else out
@@ -396,6 +396,11 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
                              f"ppo_mini_batches x data-parallel devices = {multiple}")
         if config.objective == "rl" and config.loss.kl_coef > 0 and batch.ref_logprobs is None:
             raise ValueError("LossConfig.kl_coef > 0 but the batch has no ref_logprobs")
+        if (config.objective == "rl" and config.loss.rollout_correction != "off"
+                and batch.recomputed_logprobs is None):
+            raise ValueError(f"LossConfig.rollout_correction="
+                             f"{config.loss.rollout_correction!r} but the batch has no "
+                             "recomputed_logprobs")
         return jitted(state, jax.device_put(batch, batch_sharding))
 
     run.jitted = jitted

@@ -412,7 +412,7 @@ REACH: dict[str, Reach] = {
     **{f"rl.{name}": Reach(rl_step) for name in (
         "eps_low", "eps_high", "dual_clip_c", "loss_agg", "seq_mean_denominator",
         "loss_agg_norm", "kl_type", "entropy_coef", "ppo_mini_batches", "ppo_epochs",
-        "micro_batches", "role_grad_norms", "ratio")},
+        "micro_batches", "role_grad_norms", "ratio", "rollout_correction", "tis_cap")},
     "rl.kl_coef": Reach(rl_step),
     "rl.norm_by_std": Reach(rl_batches),
     "rl.group_by": Reach(rl_batches),

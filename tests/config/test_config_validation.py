@@ -163,6 +163,7 @@ def test_choices_match_the_modules_that_consume_them():
     advantages = pytest.importorskip("matpo_jax.rl.advantages")
     assert CHOICES["rl.loss_agg"] == loss.AGGREGATION_MODES
     assert CHOICES["rl.ratio"] == loss.RATIOS
+    assert CHOICES["rl.rollout_correction"] == loss.ROLLOUT_CORRECTIONS
     assert CHOICES["rl.seq_mean_denominator"] == loss.SEQ_DENOMINATORS
     assert CHOICES["rl.kl_type"] == loss.KL_TYPES
     assert CHOICES["reward.method"] == rewards.ACCURACY_METHODS

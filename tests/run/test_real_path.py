@@ -57,6 +57,7 @@ def shrink(judge_url: str) -> list[str]:
         "train.steps=2", "train.eval_every=0", "train.checkpoint_every=1",
         "train.async_checkpointing=false", "train.remat=none", "eval.num_questions=2",
         "reward.method=judge", f"reward.judge_url={judge_url}", f"data.manual_dir={FIXTURES}",
+        "rl.rollout_correction=tis",  # the step recomputes the sampled tokens' log-probs
     ]
 
 
@@ -111,6 +112,9 @@ def test_qwen3_checkpoint_trains_on_musique_then_evaluates_on_the_benchmarks(
         assert r["rollouts/planner"] == 12 and r["worker_calls_mean/planner"] == 1.0
         assert r["tool_calls_mean/worker"] >= 2.0
     assert any(r["grad_norm"] > 0 for r in steps)  # groups differed in reward: a real update
+    for r in steps:  # the sampler (KV cache) against the step (packed): float32 both, close
+        assert r["mismatch/tokens"] > 0 and 0 <= r["mismatch/abs_mean"] < 1e-3
+        assert 0 < r["planner/tis_weight"] <= 2.0 and r["planner/approx_kl"] < 1e-6
     # "Zurich" is an alias of a train answer (Zürich): correct whenever its question was drawn
     consumed = _jsonl(workdir / "consumed.jsonl")
     train_ids, dev_ids = _ids("musique_ans_v1.0_train.jsonl"), _ids("musique_ans_v1.0_dev.jsonl")
