@@ -20,7 +20,7 @@ $(STAMP): setup.py
 env: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 # The planning tests that compile for TPU topologies (skipped by `make test`: they need libtpu,
 # ~700 MB, which no TPU-less run needs). Their own environment, so `make test` stays libtpu-free.

