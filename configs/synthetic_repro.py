@@ -32,5 +32,10 @@ def get_config(arg=None):
     c.train.seed = a.seed
     c.data.shuffle_seed = a.seed
     c.tools.max_response_chars = 1400  # whole pages: the noise is in the context
+    if a.mode == "single":
+        # The single agent does every hop itself: as many turns per hop as a MATPO worker gets
+        # (search, open, ... per hop, then the answer). With the planner's 4 it could not finish
+        # a two-hop question (search, open, search, open, answer = 5 turns).
+        c.rollout.max_turns_planner = c.data.max_hops * c.rollout.max_turns_worker
     c.eval.update(split="test", num_questions=0, curve_questions=96)  # all 360 test questions
     return c

@@ -11,7 +11,8 @@ seed then starts RL from its checkpoint (`sft.init_checkpoint`). The first seed 
 shared SFT start; the other seeds take that evaluation (the same parameters, greedy decoding)
 instead of repeating it. Every run is `python -m matpo_jax.train` in its own workdir, so an
 interrupted grid resumes: finished runs are skipped, a killed one continues from its last
-checkpoint. The compared methods run first at every noise level, the ablations after them.
+checkpoint, and a run still going in another process (a grid stopped and started again) is
+waited for, not started twice. The compared methods run first, seed by seed, the ablations after.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from absl import app, flags
 
 from matpo_jax.report import compare
+from matpo_jax.run import workdir_lock
 from matpo_jax.run.job_graph import Job, run_jobs
 
 _OUT = flags.DEFINE_string("out", "docs/repro", "Where runs, table and plots go.")
@@ -113,7 +115,8 @@ def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
                             _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed=0",
                                            overrides + ["train.steps=0"]),
                             log_path=workdir + ".log", after=after,
-                            done=lambda w=workdir: _finished(w)))
+                            done=lambda w=workdir: _finished(w),
+                            busy=lambda w=workdir: workdir_lock.is_held(w)))
         rl_jobs = []
         for variant, noise in group:
             start = os.path.join(os.path.abspath(runs), sft_name(variant, noise),
@@ -132,7 +135,8 @@ def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
                     _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed={seed}",
                                    overrides + [f"sft.init_checkpoint={start}"]),
                     log_path=workdir + ".log", after=after, before_start=share,
-                    done=lambda w=workdir: _finished(w))))
+                    done=lambda w=workdir: _finished(w),
+                    busy=lambda w=workdir: workdir_lock.is_held(w))))
         jobs += [job for _, job in sorted(rl_jobs, key=lambda pair: pair[0])]  # stable
     return jobs
 

@@ -23,10 +23,14 @@ class Job:
     after: tuple[str, ...] = ()  # names of the jobs that must succeed first
     before_start: Callable[[], None] | None = None  # runs just before the command (same thread)
     done: Callable[[], bool] = lambda: False  # already finished: skipped, counts as a success
+    # Already running in another process (a run an earlier, interrupted grid started): the job
+    # waits for it to end, then counts as done if it finished, else runs.
+    busy: Callable[[], bool] = lambda: False
 
 
 class _Grid:
-    def __init__(self, jobs: Sequence[Job], cwd: str | None, echo: Callable[[str], None]):
+    def __init__(self, jobs: Sequence[Job], cwd: str | None, echo: Callable[[str], None],
+                 poll_s: float = 10.0):
         names = [j.name for j in jobs]
         if len(set(names)) != len(names):
             raise ValueError(f"job names repeat: {sorted(n for n in names if names.count(n) > 1)}")
@@ -37,7 +41,7 @@ class _Grid:
         self.pending = list(jobs)
         self.succeeded: set[str] = set()
         self.failed: dict[str, str] = {}
-        self.cwd, self.echo = cwd, echo
+        self.cwd, self.echo, self.poll_s = cwd, echo, poll_s
         self.lock = threading.Condition()
         self.running = 0
         self.total, self.started_at = len(jobs), time.time()
@@ -84,6 +88,10 @@ class _Grid:
         while (job := self._take()) is not None:
             error = None
             try:
+                if job.busy():
+                    self.echo(f"{job.name}: running in another process; waiting for it to end")
+                    while job.busy():
+                        time.sleep(self.poll_s)
                 if job.done():
                     self.echo(f"{job.name}: already finished")
                 else:
@@ -102,12 +110,13 @@ class _Grid:
 
 
 def run_jobs(jobs: Sequence[Job], *, parallel: int = 1, cwd: str | None = None,
-             echo: Callable[[str], None] = print) -> dict[str, str]:
+             echo: Callable[[str], None] = print, poll_s: float = 10.0) -> dict[str, str]:
     """Runs `jobs` (at most `parallel` at once); returns {name: why} of those that failed or
-    could not run. Jobs already `done()` are skipped."""
+    could not run. Jobs already `done()` are skipped; a `busy()` one is waited for (polled
+    every `poll_s` seconds), holding its slot."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
-    grid = _Grid(jobs, cwd, echo)
+    grid = _Grid(jobs, cwd, echo, poll_s)
     threads = [threading.Thread(target=grid.worker, daemon=True) for _ in range(parallel)]
     for thread in threads:
         thread.start()

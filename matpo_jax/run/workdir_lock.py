@@ -78,6 +78,25 @@ def workdir_lock(workdir: str):
         yield
 
 
+def is_held(workdir: str) -> bool:
+    """Whether a live run of another process holds the workdir now, judged by the holder the
+    lock names (never by locking: a probe that took the lock, even shared, could make a
+    starting run's lock fail).
+    Local: its holder's pid runs on this host (the flock dies with the holder, the file stays);
+    an object store: its lock object is live. No lock file: not held."""
+    if files.is_remote(workdir):
+        holder = _read_object(files.run_path(workdir, LOCK_FILE))
+        return bool(holder) and _is_live(holder)
+    try:
+        with open(os.path.join(workdir, LOCK_FILE), encoding="utf-8") as f:
+            holder = json.loads(f.read() or "null")
+    except (FileNotFoundError, ValueError):
+        return False
+    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname():
+        return False  # another host's run: its flock is not visible from here either
+    return _pid_alive(holder.get("pid"))
+
+
 # ============================================================================ local: flock
 def _read_holder(fd: int) -> dict:
     for _ in range(20):  # the holder writes its line just after locking

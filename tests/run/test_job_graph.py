@@ -65,3 +65,23 @@ def test_bad_graphs_are_refused_or_reported(tmp_path):
     cycle = [_job(tmp_path, "x", after=("y",)), _job(tmp_path, "y", after=("x",))]
     failed = run_jobs(cycle, echo=lambda _: None)
     assert set(failed) == {"x", "y"} and "cycle" in failed["x"]
+
+
+def test_a_job_running_elsewhere_is_waited_for_not_started_twice(tmp_path):
+    """A run an earlier grid started still runs: the job waits, then finds it finished."""
+    finished = tmp_path / "finished"
+    polls = []
+
+    def busy():
+        polls.append(1)
+        if len(polls) >= 3:  # the other process ends after a few polls, having finished
+            finished.write_text("done")
+            return False
+        return True
+
+    job = _job(tmp_path, "elsewhere", busy=busy, done=finished.exists)
+    messages = []
+    assert run_jobs([job, _job(tmp_path, "next", after=("elsewhere",))], poll_s=0.01,
+                    echo=messages.append) == {}
+    assert len(polls) == 3 and _trace(tmp_path) == ["next start", "next end"]
+    assert any("running in another process" in m for m in messages)

@@ -47,6 +47,8 @@ def test_repro_config_applies_every_argument():
     assert c.eval.split == "test" and c.sft.modes == "single"  # SFT on its own way of working
     default = load_config_file(path, "seed=1")
     assert default.sft.modes == default.rollout.mode == "matpo"
+    # the single agent does every hop itself: a worker's turns per hop (5 are needed for 2 hops)
+    assert c.rollout.max_turns_planner == c.data.max_hops * c.rollout.max_turns_worker >= 5
     for field in ("train.steps", "sft.steps", "sft.num_demos", "data.batch_size", "rl.lr",
                   "rollout.group_size", "rollout.max_context", "tools.max_response_chars",
                   "model.hf_checkpoint"):  # the same budgets, context and start for every method

@@ -86,3 +86,16 @@ def test_on_gcs_a_live_lock_refuses_and_a_stale_one_is_taken_over(gcs_root, monk
                             {"pid": 1, "host": "gone-host", "token": "old", "heartbeat": 0})
     with workdir_lock(workdir):
         assert json.loads(files.run_path(workdir, LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_is_held_names_a_live_holder_without_taking_the_lock(holder, tmp_path):
+    from matpo_jax.run.workdir_lock import is_held
+    workdir, process = holder
+    assert not is_held(str(tmp_path / "nothing"))  # no lock file
+    assert is_held(str(workdir)) and is_held(str(workdir))  # asking twice takes nothing
+    with pytest.raises(WorkdirInUse):  # the holder still holds it
+        with workdir_lock(str(workdir)):
+            pass
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not is_held(str(workdir))  # the file stays, naming a dead pid
