@@ -31,7 +31,7 @@ def get_config(arg=None):
     c.data.noise = a.noise
     c.train.seed = a.seed
     c.data.shuffle_seed = a.seed
-    c.tools.max_response_chars = 1400  # whole pages: the noise is in the context
+    c.tools.max_response_chars = 1400  # whole pages (as the demo): the noise is in the context
     if a.mode == "single":
         # The single agent does every hop itself: as many turns per hop as a MATPO worker gets
         # (search, open, ... per hop, then the answer). With the planner's 4 it could not finish
