@@ -321,7 +321,7 @@ class RLSection(Section):
     ratio: str = setting("token", "token: one ratio and clip per token (PPO); setwise (SRPO): "
                          "one per planner turn with the workers it spawned", choices=RATIOS)
     rollout_correction: str = setting(
-        "off", "sampler vs train-step numerics (METHOD 5.3): off; measure (recompute the sampled "
+        "off", "sampler vs train-step numerics (METHOD 5.2): off; measure (recompute the sampled "
         "tokens' log-probs, one more forward pass, and log mismatch/*); tis (also: the ratio "
         "against them, each token weighted by min(pi_step / pi_sampler, rl.tis_cap))",
         choices=ROLLOUT_CORRECTIONS)

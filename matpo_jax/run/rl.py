@@ -118,8 +118,10 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
                               nnx.merge(graphdef, params, frozen), optimizer_config(cfg, "rl"),
                               scfg, rt.mesh)
     questions = iter(question_loader(rt))
-    with_reference = reference_logprobs(rt, loop, scfg)  # before a resume replaces the params
-    with_recomputed = recomputed_logprobs(rt, loop, scfg)
+    # One jitted log-prob function serves the KL reference and the rollout correction.
+    logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
+    with_reference = reference_logprobs(loop, scfg, logprobs)  # before a resume replaces params
+    with_recomputed = recomputed_logprobs(scfg, logprobs)
     rcfg, sampler_mesh = rollout_config(cfg), multihost.local_mesh(rt.mesh)
     # Which questions each step trained on: a resumed run must consume the same stream.
     with _consumed_record(rt) as consumed, \
@@ -195,7 +197,7 @@ def _evaluates_after(train, step: int) -> bool:
     return bool(train.eval_every) and step % train.eval_every == 0 and step < train.steps
 
 
-def reference_logprobs(rt: Runtime, loop: loop_lib.TrainLoop, scfg):
+def reference_logprobs(loop: loop_lib.TrainLoop, scfg, logprobs):
     """batch -> batch with the KL term's reference log-probs (rl.kl_coef > 0; else the batch
     unchanged). The reference policy is the RL start (SFT's result), frozen: a copy, since the
     train step donates the state's buffers; a resumed run rebuilds it the same way."""
@@ -203,18 +205,16 @@ def reference_logprobs(rt: Runtime, loop: loop_lib.TrainLoop, scfg):
         return lambda batch: batch
     copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=loop.shardings.params)
     reference = (copy(loop.state.params), loop.state.frozen)
-    logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
     return lambda batch: dataclasses.replace(batch, ref_logprobs=logprobs(*reference, batch))
 
 
-def recomputed_logprobs(rt: Runtime, loop: loop_lib.TrainLoop, scfg):
+def recomputed_logprobs(scfg, logprobs):
     """(batch, state) -> (batch with the train step's own log-probs of the sampled tokens under
     `state`'s parameters, the sampler's, and the mismatch between the two: mismatch/*), with
-    rl.rollout_correction = measure or tis (METHOD 5.3); off: the batch unchanged, no metrics.
+    rl.rollout_correction = measure or tis (METHOD 5.2); off: the batch unchanged, no metrics.
     Called before the update, so `state` holds the parameters the rollouts were sampled with."""
     if scfg.loss.rollout_correction == "off":
         return lambda batch, state: (batch, {})
-    logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
     mismatch = jax.jit(loss_lib.rollout_mismatch)
 
     def recompute(batch, state):

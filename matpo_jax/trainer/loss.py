@@ -22,7 +22,7 @@ AGGREGATION_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
 SEQ_DENOMINATORS = ("sequences", "planners")
 RATIOS = ("token", "setwise")  # docs/METHOD.md sections 5 and 5.1
 KL_TYPES = ("k1", "low_var_kl")
-# docs/METHOD.md 5.3: off; measure (the step recomputes the sampled tokens' log-probs and logs how
+# docs/METHOD.md 5.2: off; measure (the step recomputes the sampled tokens' log-probs and logs how
 # far the sampler's are from them); tis (also: PPO's ratio against the recomputed log-probs, and
 # each token's loss weighted by min(pi_step / pi_sampler, tis_cap), truncated importance sampling).
 ROLLOUT_CORRECTIONS = ("off", "measure", "tis")
@@ -279,7 +279,7 @@ def behaviour_logprobs(batch, config: LossConfig):
     off / measure: the sampler's recorded log-probs are the old policy, as in the paper. tis: the
     step's own log-probs at the sampling parameters are (so the ratio starts at exactly 1), and
     the sampler/step gap becomes a per-token weight min(pi_step / pi_sampler, tis_cap), constant
-    in the gradient (METHOD 5.3)."""
+    in the gradient (METHOD 5.2)."""
     if config.rollout_correction == "off":
         return batch.old_logprobs, None
     if batch.recomputed_logprobs is None:

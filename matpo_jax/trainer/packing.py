@@ -71,7 +71,7 @@ class PackedBatch:
     rollout_ids: np.ndarray  # int32, -1 on padding
     ref_logprobs: np.ndarray | None = None
     # The train step's own log-probs of the tokens under the parameters that sampled them
-    # (rl.rollout_correction: the sampler's numerics differ from the step's; METHOD 5.3).
+    # (rl.rollout_correction: the sampler's numerics differ from the step's; METHOD 5.2).
     recomputed_logprobs: np.ndarray | None = None
     # Setwise ratio (trainer/setwise.py): each token's set anchor, its row as a distance in rows
     # and its column (a token in no set: 0 and its own column).

@@ -1,4 +1,4 @@
-"""Rollout-train mismatch (METHOD 5.3): the sampler's log-probs of its tokens are not the train
+"""Rollout-train mismatch (METHOD 5.2): the sampler's log-probs of its tokens are not the train
 step's, measured and corrected by truncated importance sampling (rl.rollout_correction).
 
 The check vector is computed by hand; the mismatch is a real one: the jitted sampler decodes in
@@ -48,7 +48,7 @@ def _loss(correction, batch=None):
 
 
 def test_check_vector_by_hand():
-    """A = 1.5, eps 0.2 both ways, weights 1/3, tis_cap 1.1 (METHOD 5.3's worked example)."""
+    """A = 1.5, eps 0.2 both ways, weights 1/3, tis_cap 1.1 (METHOD 5.2's worked example)."""
     # off (= measure): ratio against the sampler. rho = exp(0.3), exp(-0.4), exp(-0.1):
     # 1.3499 clips to 1.2; 0.6703 and 0.9048 stay (A > 0 keeps the smaller surrogate).
     want_off = -ADVANTAGE * (1.2 + np.exp(-0.4) + np.exp(-0.1)) / 3
