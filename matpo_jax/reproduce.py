@@ -1,21 +1,25 @@
 """Miniature reproduction of the paper's comparison: single-agent GRPO vs MATPO (and the recap and
-final-summary ablations) at several noise levels and seeds, from the same warm start with the same
-SFT and RL budgets; writes a markdown table, the bars it checks, and validation curves.
+final-summary ablations, and MATPO's successors' credit rules) at several noise levels and seeds,
+from the same warm start with the same SFT and RL budgets; writes a markdown table, the bars it
+checks, and validation curves.
 
     python -m matpo_jax.reproduce --out=docs/repro                         # the full grid
     python -m matpo_jax.reproduce --out=/tmp/r --noise=0.6 --seeds=0 --variants=matpo,single
 
 Per method and noise level, one SFT-only run (`train.steps=0`) learns that method's way of
 working from demonstrations written in its own prompt format (configs/synthetic_repro.py); each
-seed then starts RL from its checkpoint (`sft.init_checkpoint`). The first seed evaluates the
+seed then starts RL from its checkpoint (`sft.init_checkpoint`); the successors (agent_norm,
+setwise), which change only the credit rule, start from MATPO's. The first seed evaluates the
 shared SFT start; the other seeds take that evaluation (the same parameters, greedy decoding)
 instead of repeating it. Every run is `python -m matpo_jax.train` in its own workdir, so an
 interrupted grid resumes: finished runs are skipped, a killed one continues from its last
 checkpoint, and a run still going in another process (a grid stopped and started again) is
-waited for, not started twice. The compared methods run first, seed by seed, the ablations after.
+waited for, not started twice. The compared methods run first, seed by seed, the others after, in
+the order of --variants.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,27 +35,44 @@ from matpo_jax.run.job_graph import Job, run_jobs
 _OUT = flags.DEFINE_string("out", "docs/repro", "Where runs, table and plots go.")
 _NOISE = flags.DEFINE_list("noise", ["0.05", "0.6"], "Noise levels of the world (low first).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "RL seeds per setting.")
-_VARIANTS = flags.DEFINE_list("variants", ["single", "matpo", "matpo_no_recap", "matpo_no_summary"],
-                              "Methods to run.")
+_VARIANTS = flags.DEFINE_list("variants", ["single", "matpo", "agent_norm", "setwise",
+                                           "matpo_no_recap", "matpo_no_summary"],
+                              "Methods to run (VARIANTS).")
 _ABLATIONS_AT = flags.DEFINE_list("ablations_at", ["0.6"],
-                                  "Noise levels where the ablation variants run (each costs an "
-                                  "SFT and a run per seed).")
+                                  "Noise levels where the variants beyond single and matpo run "
+                                  "(each costs a run per seed, an ablation also an SFT).")
 _ABLATION_SEEDS = flags.DEFINE_list("ablation_seeds", None,
                                     "Seeds of the ablation variants (default: --seeds).")
 _OVERRIDES = flags.DEFINE_string("overrides", "", "Extra config overrides for every run (a=b,c=d).")
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at once (each is its own process).")
 
-VARIANTS = {  # name -> synthetic_repro arguments
-    "single": "mode=single",
-    "matpo": "mode=matpo",
-    "matpo_no_recap": "mode=matpo,recap=false",
-    "matpo_no_summary": "mode=matpo,summary=false",
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One method of the grid: its synthetic_repro arguments, its RL options, and whose SFT start
+    it shares (None: its own SFT, on demonstrations in its own prompt format)."""
+
+    arg: str
+    rl: tuple[str, ...] = ()
+    sft_of: str | None = None
+
+
+VARIANTS = {
+    "single": Variant("mode=single"),
+    "matpo": Variant("mode=matpo"),
+    # The prompt-format ablations: each its own SFT, so they measure the mechanism, not a mismatch.
+    "matpo_no_recap": Variant("mode=matpo,recap=false"),
+    "matpo_no_summary": Variant("mode=matpo,summary=false"),
+    # MATPO's successors (docs/METHOD.md 4.5, 5.1): the same rollouts and SFT start as MATPO, only
+    # the credit rule differs, so they start RL from MATPO's SFT checkpoint.
+    "agent_norm": Variant("mode=matpo", rl=("rl.group_by=agent",), sft_of="matpo"),
+    "setwise": Variant("mode=matpo", rl=("rl.ratio=setwise",), sft_of="matpo"),
 }
-COMPARED = ("single", "matpo")  # run at every noise level and seed; the rest are ablations
+COMPARED = ("single", "matpo")  # run at every noise level and seed; the rest only at ablations_at
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The bars the issue sets for the comparison at the highest noise level.
 MIN_GAP_POINTS, MIN_GAP_IN_POOLED_SD = 5.0, 2.0
 SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt")
+SUCCESSORS = ("agent_norm", "setwise")  # compared with the two methods in their own table
 
 
 def variants_at(noise: str, variants, ablations_at) -> list[str]:
@@ -97,43 +118,58 @@ def _copy_shared_eval(source: str, target: str) -> None:
             shutil.copyfile(src, dst)
 
 
+def sft_source(variant: str) -> str:
+    """The variant whose SFT checkpoint this variant starts RL from."""
+    return VARIANTS[variant].sft_of or variant
+
+
 def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
          overrides: list[str]) -> list[Job]:
-    """The grid as jobs in priority order: the compared methods before the ablations, and within
+    """The grid as jobs in priority order: the compared methods before the others, and within
     each, seed by seed (every method and noise level of the first seed, then of the second...),
     so a grid stopped early has whole comparisons over fewer seeds, not some methods missing."""
     runs = os.path.join(out, "runs")
     settings = [(v, n) for n in noises for v in variants_at(n, variants, ablations_at)]
+    for variant, noise in settings:
+        if (sft_source(variant), noise) not in settings:
+            raise ValueError(f"--variants: {variant} starts from {sft_source(variant)}'s SFT, "
+                             f"which does not run at noise {noise}; add it to --variants")
     jobs, world_maker = [], {}  # the first SFT at a noise level builds its world's dataset
     for group in ([s for s in settings if s[0] in COMPARED],
                   [s for s in settings if s[0] not in COMPARED]):
         for variant, noise in group:
+            if VARIANTS[variant].sft_of:
+                continue  # starts from another variant's SFT
             workdir = os.path.join(runs, sft_name(variant, noise))
             after = (world_maker[noise],) if noise in world_maker else ()
             world_maker.setdefault(noise, sft_name(variant, noise))
             jobs.append(Job(sft_name(variant, noise),
-                            _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed=0",
+                            _train_command(workdir, f"{VARIANTS[variant].arg},noise={noise},seed=0",
                                            overrides + ["train.steps=0"]),
                             log_path=workdir + ".log", after=after,
                             done=lambda w=workdir: _finished(w),
                             busy=lambda w=workdir: workdir_lock.is_held(w)))
         rl_jobs = []
         for variant, noise in group:
-            start = os.path.join(os.path.abspath(runs), sft_name(variant, noise),
+            source = sft_source(variant)
+            start = os.path.join(os.path.abspath(runs), sft_name(source, noise),
                                  "checkpoints", "sft")
-            variant_seeds = seeds_of(variant, seeds, ablation_seeds)
-            first = os.path.join(runs, rl_name(variant, noise, variant_seeds[0]))
-            for rank, seed in enumerate(variant_seeds):
-                workdir = os.path.join(runs, rl_name(variant, noise, seed))
-                after = (sft_name(variant, noise),)
+            # The run that evaluates the SFT start: the source's first seed; the others copy it.
+            first = rl_name(source, noise, seeds_of(source, seeds, ablation_seeds)[0])
+            for rank, seed in enumerate(seeds_of(variant, seeds, ablation_seeds)):
+                name = rl_name(variant, noise, seed)
+                workdir = os.path.join(runs, name)
+                after = (sft_name(source, noise),)
                 share = None
-                if workdir != first:
-                    after += (rl_name(variant, noise, variant_seeds[0]),)
-                    share = lambda s=first, t=workdir: _copy_shared_eval(s, t)  # noqa: E731
+                if name != first:
+                    after += (first,)
+                    share = lambda s=os.path.join(runs, first), t=workdir: (  # noqa: E731
+                        _copy_shared_eval(s, t))
                 rl_jobs.append((rank, Job(
-                    rl_name(variant, noise, seed),
-                    _train_command(workdir, f"{VARIANTS[variant]},noise={noise},seed={seed}",
-                                   overrides + [f"sft.init_checkpoint={start}"]),
+                    name,
+                    _train_command(workdir, f"{VARIANTS[variant].arg},noise={noise},seed={seed}",
+                                   overrides + [f"sft.init_checkpoint={start}"]
+                                   + list(VARIANTS[variant].rl)),
                     log_path=workdir + ".log", after=after, before_start=share,
                     done=lambda w=workdir: _finished(w),
                     busy=lambda w=workdir: workdir_lock.is_held(w))))
@@ -167,6 +203,45 @@ def table(results: dict, noises, hops_keys) -> str:
             sft = np.mean(_percent(runs, "sft_eval", "eval/accuracy"))
             lines.append(f"| {noise} | {variant} (SFT start {sft:.1f}; {len(runs)} seeds) | "
                          + " | ".join(cells) + f" | {_context_cell(runs)} |")
+    return "\n".join(lines)
+
+
+def training_stats(workdir: str) -> dict[str, float]:
+    """What the successors claim to change, from one run's RL steps (metrics.jsonl): the rollout
+    reward of its last 5 steps, the gradient-norm spikes (> 3x the running median, METHOD 11),
+    the largest gradient norm, and the share of clipped tokens per role."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        steps = [row for row in map(json.loads, f) if "loss" in row]
+    if not steps:
+        return {}
+    stats = {"reward_last5": float(np.mean([r["reward/mean"] for r in steps[-5:]])),
+             "grad_norm_spikes": float(steps[-1].get("grad_norm_spikes", float("nan"))),
+             "grad_norm_max": float(max(r["grad_norm"] for r in steps))}
+    for role in ("planner", "worker"):  # the single agent logs as the planner
+        fracs = [r[f"{role}/clip_frac"] for r in steps if f"{role}/clip_frac" in r]
+        if fracs:
+            stats[f"clip_frac/{role}"] = float(np.mean(fracs))
+    return stats
+
+
+def stability_table(results: dict, noise: str) -> str:
+    """Per method at one noise level: test accuracy, final rollout reward, gradient-norm spikes
+    and the largest norm, clipped tokens per role (mean ± sd over seeds)."""
+    lines = ["| method | accuracy | reward, last 5 steps | grad-norm spikes | largest grad norm "
+             "| clipped tokens (planner / worker) |", "|---|---|---|---|---|---|"]
+    for variant, runs in results.get(noise, {}).items():
+        stats = [training_stats(r["workdir"]) for r in runs]
+        acc = _percent(runs, "final_eval", "eval/accuracy")
+
+        def cell(key, scale=1.0, digits=2):
+            values = scale * np.array([s.get(key, float("nan")) for s in stats])
+            return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+        clip = " / ".join(cell(f"clip_frac/{role}", 100, 1) + "%"
+                          for role in ("planner", "worker")
+                          if any(f"clip_frac/{role}" in s for s in stats))
+        lines.append(f"| {variant} ({len(runs)} seeds) | {np.mean(acc):.1f} ± {np.std(acc):.1f} | "
+                     f"{cell('reward_last5')} | {cell('grad_norm_spikes', digits=1)} | "
+                     f"{cell('grad_norm_max')} | {clip or '-'} |")
     return "\n".join(lines)
 
 
@@ -244,6 +319,23 @@ def main(argv):
             compare.compare_runs(dirs, os.path.join(out, f"curves_noise{noise}.png"),
                                  band="sd", title=f"noise {noise}: test accuracy (96-question "
                                  "curve) and rollout reward; mean ± sd over seeds")
+    successor_sections = []
+    for noise in _NOISE.value:
+        methods = {v: runs for v, runs in results[noise].items()
+                   if v in COMPARED or v in SUCCESSORS}
+        if not set(methods) & set(SUCCESSORS):
+            continue
+        figure = os.path.join(out, f"successors_noise{noise}.png")
+        compare.plot_comparison(
+            {v: [os.path.join(s["workdir"], "metrics.jsonl") for s in runs]
+             for v, runs in methods.items()}, figure,
+            keys=("curve/accuracy", "reward/mean", "grad_norm"), smoothing=0.5,
+            title=f"noise {noise}: MATPO's credit rule and its successors' (mean ± sd over seeds)")
+        successor_sections += [f"## MATPO and its successors at noise {noise}", "",
+                               "Same SFT start as MATPO and the same RL budget; agent_norm: "
+                               "`rl.group_by=agent` (Dr. MAS), setwise: `rl.ratio=setwise` (SRPO).",
+                               "", stability_table({noise: methods}, noise), "",
+                               f"Curves: `{os.path.basename(figure)}`.", ""]
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})
     gap_by_noise = gaps(results, _NOISE.value)
@@ -258,7 +350,7 @@ def main(argv):
         "Test accuracy (%) after RL, mean ± sd over seeds; SFT start = before RL.", "",
         table(results, _NOISE.value, hops), "", "Bars:", *bars(gap_by_noise, _NOISE.value), "",
         *([f"Not finished: {', '.join(f'{k} ({v})' for k, v in sorted(failed.items()))}", ""]
-          if failed else [])])
+          if failed else []), *successor_sections])
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "results.json"), "w") as f:

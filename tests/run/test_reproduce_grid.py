@@ -68,13 +68,15 @@ def test_each_method_starts_rl_from_sft_on_its_own_prompt_format(tmp_path):
     # The compared methods first, everywhere; the ablations (only at 0.6) after them.
     assert names.index("matpo_noise0.6_seed1") < names.index("sft_matpo_no_recap_noise0.6")
     assert "sft_matpo_no_recap_noise0.05" not in by_name
-    for variant in reproduce.VARIANTS:
+    own_sft = [v for v, spec in reproduce.VARIANTS.items() if spec.sft_of is None]
+    assert {"single", "matpo", "matpo_no_recap", "matpo_no_summary"} <= set(own_sft)
+    for variant in own_sft:
         sft = by_name[f"sft_{variant}_noise0.6"]
-        assert _run_arg(sft) == f"{reproduce.VARIANTS[variant]},noise=0.6,seed=0"
+        assert _run_arg(sft) == f"{reproduce.VARIANTS[variant].arg},noise=0.6,seed=0"
         assert "--config.train.steps=0" in sft.command
         for seed in ("0", "1"):
             rl = by_name[f"{variant}_noise0.6_seed{seed}"]
-            assert _run_arg(rl) == f"{reproduce.VARIANTS[variant]},noise=0.6,seed={seed}"
+            assert _run_arg(rl) == f"{reproduce.VARIANTS[variant].arg},noise=0.6,seed={seed}"
             start = [a for a in rl.command if a.startswith("--config.sft.init_checkpoint=")]
             assert start == [f"--config.sft.init_checkpoint="
                              f"{tmp_path}/runs/sft_{variant}_noise0.6/checkpoints/sft"]
@@ -82,6 +84,48 @@ def test_each_method_starts_rl_from_sft_on_its_own_prompt_format(tmp_path):
     # One run per noise level builds the world; the others at that level wait for it.
     assert by_name["sft_single_noise0.6"].after == ()
     assert by_name["sft_matpo_noise0.6"].after == ("sft_single_noise0.6",)
+
+
+def test_successors_start_from_matpos_sft_with_only_their_credit_rule_changed(tmp_path):
+    jobs = reproduce.plan(str(tmp_path), ["0.05", "0.6"], ["0", "1"],
+                          ["single", "matpo", "agent_norm", "setwise"], ["0.6"], None, [])
+    by_name = {j.name: j for j in jobs}
+    assert not any(n.startswith(("sft_agent_norm", "sft_setwise")) for n in by_name)
+    assert "agent_norm_noise0.05_seed0" not in by_name  # only at the ablations' noise levels
+    for variant, option in (("agent_norm", "rl.group_by=agent"), ("setwise", "rl.ratio=setwise")):
+        for seed in ("0", "1"):
+            job = by_name[f"{variant}_noise0.6_seed{seed}"]
+            # MATPO's command (arguments, seed, SFT start) in its own workdir, one RL option more
+            matpo = by_name[f"matpo_noise0.6_seed{seed}"].command
+            assert job.command == [a.replace(f"/matpo_noise0.6_seed{seed}",
+                                             f"/{variant}_noise0.6_seed{seed}") for a in matpo
+                                   ] + [f"--config.{option}"]
+            # every seed takes the SFT evaluation of MATPO's first seed (the same parameters)
+            assert job.after == ("sft_matpo_noise0.6", "matpo_noise0.6_seed0")
+            assert job.before_start is not None
+    with pytest.raises(ValueError, match="setwise starts from matpo's SFT"):
+        reproduce.plan(str(tmp_path), ["0.6"], ["0"], ["single", "setwise"], ["0.6"], None, [])
+
+
+def test_stability_table_reads_each_runs_training_steps(tmp_path):
+    import json
+    runs = []
+    for seed, (spikes, norms) in enumerate([(1, [1.0, 4.0]), (3, [2.0, 2.0])]):
+        workdir = tmp_path / f"s{seed}"
+        workdir.mkdir()
+        rows = [{"step": 0, "eval/accuracy": 0.1}]  # an evaluation row: not a training step
+        rows += [{"step": i + 1, "loss": 0.1, "reward/mean": 0.2 * (i + seed), "grad_norm": n,
+                  "grad_norm_spikes": spikes, "planner/clip_frac": 0.1 * seed,
+                  "worker/clip_frac": 0.0} for i, n in enumerate(norms)]
+        (workdir / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+        runs.append({"workdir": str(workdir), "final_eval": {"eval/accuracy": 0.3 + 0.1 * seed}})
+    stats = reproduce.training_stats(runs[1]["workdir"])
+    assert stats == {"reward_last5": pytest.approx(0.3), "grad_norm_spikes": 3.0,
+                     "grad_norm_max": 2.0, "clip_frac/planner": pytest.approx(0.1),
+                     "clip_frac/worker": 0.0}
+    row = reproduce.stability_table({"0.6": {"setwise": runs}}, "0.6").splitlines()[2]
+    assert row == ("| setwise (2 seeds) | 35.0 ± 5.0 | 0.20 ± 0.10 | 2.0 ± 1.0 | 3.00 ± 1.00 | "
+                   "5.0 ± 5.0% / 0.0 ± 0.0% |")
 
 
 def test_later_seeds_take_the_shared_starts_evaluation(tmp_path):
