@@ -29,6 +29,7 @@ import numpy as np
 from absl import app, flags
 
 from matpo_jax.report import compare
+from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.run import workdir_lock
 from matpo_jax.run.job_graph import Job, run_jobs
 
@@ -42,7 +43,8 @@ _ABLATIONS_AT = flags.DEFINE_list("ablations_at", ["0.6"],
                                   "Noise levels where the variants beyond single and matpo run "
                                   "(each costs a run per seed, an ablation also an SFT).")
 _ABLATION_SEEDS = flags.DEFINE_list("ablation_seeds", None,
-                                    "Seeds of the ablation variants (default: --seeds).")
+                                    "Seeds of the variants beyond single and matpo "
+                                    "(default: --seeds).")
 _OVERRIDES = flags.DEFINE_string("overrides", "", "Extra config overrides for every run (a=b,c=d).")
 _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at once (each is its own process).")
 
@@ -72,7 +74,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The bars the issue sets for the comparison at the highest noise level.
 MIN_GAP_POINTS, MIN_GAP_IN_POOLED_SD = 5.0, 2.0
 SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt")
-SUCCESSORS = ("agent_norm", "setwise")  # compared with the two methods in their own table
+# The variants that change only the RL update: compared with the two methods in their own table.
+SUCCESSORS = tuple(name for name, variant in VARIANTS.items() if variant.rl)
 
 
 def variants_at(noise: str, variants, ablations_at) -> list[str]:
@@ -210,8 +213,9 @@ def training_stats(workdir: str) -> dict[str, float]:
     """What the successors claim to change, from one run's RL steps (metrics.jsonl): the rollout
     reward of its last 5 steps, the gradient-norm spikes (> 3x the running median, METHOD 11),
     the largest gradient norm, and the share of clipped tokens per role."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        steps = [row for row in map(json.loads, f) if "loss" in row]
+    # One record per step: a resumed run's redone steps count once.
+    steps = [row for row in metrics_lib.load_metrics(os.path.join(workdir, "metrics.jsonl"))
+             if "loss" in row]
     if not steps:
         return {}
     stats = {"reward_last5": float(np.mean([r["reward/mean"] for r in steps[-5:]])),

@@ -90,6 +90,7 @@ def test_successors_start_from_matpos_sft_with_only_their_credit_rule_changed(tm
     jobs = reproduce.plan(str(tmp_path), ["0.05", "0.6"], ["0", "1"],
                           ["single", "matpo", "agent_norm", "setwise"], ["0.6"], None, [])
     by_name = {j.name: j for j in jobs}
+    assert reproduce.SUCCESSORS == ("agent_norm", "setwise")
     assert not any(n.startswith(("sft_agent_norm", "sft_setwise")) for n in by_name)
     assert "agent_norm_noise0.05_seed0" not in by_name  # only at the ablations' noise levels
     for variant, option in (("agent_norm", "rl.group_by=agent"), ("setwise", "rl.ratio=setwise")):
