@@ -249,6 +249,30 @@ def stability_table(results: dict, noise: str) -> str:
     return "\n".join(lines)
 
 
+def seed_of(run: dict) -> str:
+    """The RL seed of a finished run, from its workdir's name (`rl_name`)."""
+    return os.path.basename(os.path.normpath(run["workdir"])).rsplit("_seed", 1)[1]
+
+
+def per_seed_table(results: dict, noise: str, seeds) -> str:
+    """Per method at one noise level: test accuracy of each seed, mean ± sd over the seeds run,
+    and each seed's difference from MATPO's run of the same seed (the same question stream)."""
+    methods = results.get(noise, {})
+    matpo = {seed_of(r): 100 * r["final_eval"]["eval/accuracy"] for r in methods.get("matpo", [])}
+    lines = ["| method | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | mean ± sd | matched seeds: minus MATPO |", "|---" * (len(seeds) + 3) + "|"]
+    for variant, runs in methods.items():
+        accuracy = {seed_of(r): 100 * r["final_eval"]["eval/accuracy"] for r in runs}
+        values = np.array(list(accuracy.values()))
+        matched = ", ".join(f"{accuracy[s] - matpo[s]:+.1f}" for s in seeds
+                            if s in accuracy and s in matpo)
+        lines.append(f"| {variant} | " + " | ".join(
+            f"{accuracy[s]:.1f}" if s in accuracy else "not run" for s in seeds)
+            + f" | {values.mean():.1f} ± {values.std():.1f} | "
+            + ("-" if variant == "matpo" else matched or "-") + " |")
+    return "\n".join(lines)
+
+
 def gaps(results: dict, noises) -> dict[str, dict]:
     """MATPO minus single agent after RL at each noise level with both: the mean gap in points
     and the pooled standard deviation of the seeds (population sd, as the table)."""
@@ -338,7 +362,10 @@ def main(argv):
         successor_sections += [f"## MATPO and its successors at noise {noise}", "",
                                "Same SFT start as MATPO and the same RL budget; agent_norm: "
                                "`rl.group_by=agent` (Dr. MAS), setwise: `rl.ratio=setwise` (SRPO).",
-                               "", stability_table({noise: methods}, noise), "",
+                               "", "Test accuracy (%) per seed:", "",
+                               per_seed_table({noise: methods}, noise, _SEEDS.value), "",
+                               "Training, per method (mean ± sd over seeds):", "",
+                               stability_table({noise: methods}, noise), "",
                                f"Curves: `{os.path.basename(figure)}`.", ""]
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})

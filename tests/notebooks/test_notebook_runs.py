@@ -10,6 +10,7 @@ import pytest
 from nbclient import NotebookClient
 
 from matpo_jax.report.metrics import load_metrics, series
+from fixtures.xla import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(REPO, "notebooks", "matpo_small_repro.ipynb")
@@ -52,7 +53,7 @@ def outputs(nb) -> str:
 def one_device_kernel(monkeypatch):
     """The kernel sees one CPU device (the test session simulates 8: sharding a tiny model 8 ways
     on 2 cores only multiplies compile time)."""
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(devices=1))
 
 
 # configs/qwen3_0_6b_synthetic.py at seconds on a CPU with the tiny checkpoint (its config.json

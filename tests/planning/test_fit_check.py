@@ -15,6 +15,7 @@ from matpo_jax.planning import fit, step_plan
 from matpo_jax.run.fit_check import check_config_fits
 from matpo_jax.run.plan_inputs import plan_inputs
 from matpo_jax.run.runtime import make_mesh, model_config
+from fixtures.xla import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "configs", "synthetic_tiny.py")
@@ -87,7 +88,7 @@ def test_train_stops_before_any_work_with_one_line(tmp_path):
     # Per chip of the one CPU device the subprocess sees: everything on one chip.
     budget_gib = (8 * roomy.train_step_minimum) / GIB  # >= the 1-device figures but no KV cache
     workdir = tmp_path / "run"
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(), JAX_PLATFORMS="cpu")
     done = subprocess.run(
         [sys.executable, "-m", "matpo_jax.train", f"--config={TINY}", f"--workdir={workdir}",
          f"--hbm_per_chip_gib={budget_gib}"],

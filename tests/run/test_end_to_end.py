@@ -23,6 +23,7 @@ import pytest
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
 from matpo_jax.config import load_config_file, read_saved_config, to_typed
+from fixtures.xla import xla_flags
 
 # Fields that measure time, not the run: every other logged number must match exactly.
 WALL_CLOCK_FIELDS = frozenset({
@@ -199,7 +200,7 @@ def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(
     overrides = shrink(data_dir, rl_steps=steps) + ",train.eval_every=2,eval.curve_questions=2"
     # The session's compilation cache (inherited): the killed and the resumed run load what the
     # straight run compiled (the same executables, so the comparison stays bitwise).
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags())
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     subprocess.run(_train_command(straight, overrides), check=True, env=env, cwd=REPO,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)

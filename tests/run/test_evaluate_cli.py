@@ -21,6 +21,7 @@ from matpo_jax.config import load_config_file, to_typed
 from matpo_jax.run.eval import job as eval_job
 from matpo_jax.run.runtime import build_model, make_mesh
 from matpo_jax.trainer import checkpoint as ckpt_lib
+from fixtures.xla import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "data" / "fixtures"
@@ -85,7 +86,7 @@ def test_evaluate_cli_end_to_end_then_resume(checkpoint, tokenizer_dir, tmp_path
         tokenizer_dir, tmp_path / "tfds", judge_server.url)] + [
         f"--checkpoint={run}", f"--datasets={','.join(DATASETS)}", "--samples=2",
         "--temperature=1.0", "--num_questions=2", f"--workdir={out}"]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONPATH=str(REPO))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(), PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-m", "matpo_jax.evaluate", *flags], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

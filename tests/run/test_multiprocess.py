@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from test_end_to_end import _consumed as consumed  # steps -> question ids
+from fixtures.xla import xla_flags
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,7 +59,7 @@ def command(workdir: str, overrides: str, *extra: str) -> list[str]:
 
 def env_with(devices: int) -> dict:
     return dict(os.environ, JAX_PLATFORMS="cpu",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+                XLA_FLAGS=xla_flags(devices))
 
 
 def launch(workdir: str, overrides: str, processes: int = 2) -> list[subprocess.Popen]:

@@ -129,6 +129,18 @@ def test_stability_table_reads_each_runs_training_steps(tmp_path):
                    "5.0 ± 5.0% / 0.0 ± 0.0% |")
 
 
+def test_per_seed_table_matches_each_seed_with_matpos_run_of_that_seed():
+    def run(variant, seed, accuracy):
+        return {"workdir": f"/out/runs/{reproduce.rl_name(variant, '0.6', seed)}",
+                "final_eval": {"eval/accuracy": accuracy}}
+    results = {"0.6": {"matpo": [run("matpo", "0", 0.30), run("matpo", "1", 0.20)],
+                       "setwise": [run("setwise", "1", 0.25)]}}  # seed 0 not run
+    lines = reproduce.per_seed_table(results, "0.6", ["0", "1"]).splitlines()
+    assert lines[0] == "| method | seed 0 | seed 1 | mean ± sd | matched seeds: minus MATPO |"
+    assert lines[2] == "| matpo | 30.0 | 20.0 | 25.0 ± 5.0 | - |"
+    assert lines[3] == "| setwise | not run | 25.0 | 25.0 ± 0.0 | +5.0 |"  # vs seed 1 only
+
+
 def test_later_seeds_take_the_shared_starts_evaluation(tmp_path):
     jobs = {j.name: j for j in reproduce.plan(str(tmp_path), ["0.6"], ["0", "1"], ["matpo"],
                                               [], None, [])}
