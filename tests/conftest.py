@@ -1,6 +1,7 @@
 """Test-session setup shared by every test file.
 
-Eight simulated CPU devices so sharding tests see a real mesh; must be set before jax is imported.
+Eight simulated CPU devices so sharding tests see a real mesh, and XLA's fast compile
+(tests/fixtures/xla.py); must be set before jax is imported.
 One persistent compilation cache for the session, inherited by every subprocess (training runs,
 killed and restarted runs, notebook kernels): the many tiny runs compile the same programs, and a
 program loaded from the cache is the one compiled, so exactness tests stay bitwise. It starts
@@ -15,7 +16,10 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixtures.xla import xla_flags  # noqa: E402  (plain module: imports no jax)
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(devices=8))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,7 +30,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
                   "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer"]
 
