@@ -112,6 +112,13 @@ def _finished(workdir: str) -> bool:
     return os.path.exists(os.path.join(workdir, "summary.json"))
 
 
+def _world_built(runs: str, noise: str) -> bool:
+    """Whether a finished SFT at this noise level (of any variant) has built its world: later
+    grids then start their SFTs together instead of one after another."""
+    return any(_finished(os.path.join(runs, sft_name(v, noise)))
+               for v, spec in VARIANTS.items() if not spec.sft_of)
+
+
 def _copy_shared_eval(source: str, target: str) -> None:
     """The SFT start's evaluation from the run that made it (the same parameters)."""
     os.makedirs(os.path.join(target, "eval"), exist_ok=True)
@@ -145,7 +152,8 @@ def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
                 continue  # starts from another variant's SFT
             workdir = os.path.join(runs, sft_name(variant, noise))
             after = (world_maker[noise],) if noise in world_maker else ()
-            world_maker.setdefault(noise, sft_name(variant, noise))
+            if not _world_built(runs, noise):
+                world_maker.setdefault(noise, sft_name(variant, noise))
             jobs.append(Job(sft_name(variant, noise),
                             _train_command(workdir, f"{VARIANTS[variant].arg},noise={noise},seed=0",
                                            overrides + ["train.steps=0"]),

@@ -32,7 +32,7 @@ calls and reports, never re-encoded into a trajectory.
 Context budget: a turn is only started when the context, the block injected before it and a full
 turn (`max_new_tokens_per_turn`, a worker's `worker_max_new_tokens_per_turn`) fit in
 `max_context`; a worker also keeps room for its summary. Workers may sample with settings of
-their own (`worker_temperature`, `worker_top_p`, `worker_stop_words`): their slots then use the
+their own (`worker_temperature`, `worker_top_p`, `worker_stop_words`): their slots use the
 sampler's profile 1, in the same decode batch as the planners (`sampling_profiles`).
 So the cache never overflows mid-turn, and hitting the budget is a recorded `max_context` finish.
 """
@@ -100,8 +100,10 @@ def stop_word_ids(chat, words, field: str) -> dict[int, int]:
 
 
 def sampling_profiles(cfg: RolloutSection, chat):
-    """(planner sampling, planner stop ids, more_profiles for run_slots). Workers get profile 1
-    only when their settings differ from the planner's, so the default decodes as before."""
+    """(planner sampling, planner stop ids, more_profiles for run_slots). Workers always get
+    profile 1, even with the planner's settings: temperatures are operands of the compiled loop
+    but the number of profiles is not, so evaluation (greedy, one setting for both roles) then
+    runs the loop the rollouts compiled."""
     planner_stops = {**stop_word_ids(chat, cfg.stop_words, "rollout.stop_words"),
                      **_stop_ids(chat)}
     worker_stops = {**stop_word_ids(chat, cfg.worker_stop_words, "rollout.worker_stop_words"),
@@ -109,9 +111,7 @@ def sampling_profiles(cfg: RolloutSection, chat):
     # Rows of the embedding past the tokenizer's last id are never drawn.
     planner = sampling(cfg).replace(token_count=chat.id_count)
     worker = worker_sampling(cfg).replace(token_count=chat.id_count)
-    same = (worker.replace(max_turn_tokens=planner.max_turn_tokens) == planner
-            and worker_stops == planner_stops)
-    return planner, planner_stops, (() if same else ((worker, worker_stops),))
+    return planner, planner_stops, ((worker, worker_stops),)
 
 
 @dataclasses.dataclass
@@ -131,7 +131,8 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
                  questions: Sequence[str], cfg: RolloutSection, rng,
                  options: EngineOptions = EngineOptions(), *,
                  question_offset: int = 0,
-                 max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN) -> RolloutBatch:
+                 max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN,
+                 prefix_rows: int = 0) -> RolloutBatch:
     """Rolls out G samples per question; returns every planner, worker (or single) trajectory.
 
     cfg: the config's rollout section (evaluation passes a copy with its own group size and
@@ -144,12 +145,15 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     on which other questions run in this process or which slot it gets (`sampling_stream`).
     max_tool_calls_per_turn: search/open calls one turn may make (`tools.max_calls_per_turn`);
     they all run at once and are answered in call order, the rest get an error text.
+    prefix_rows: the sampler's prefix store has at least this many rows (`prefix_rows` of
+    run/runtime.py: what the run's training batch registers), so the run's evaluations and
+    rollouts share one compiled loop.
     """
     start = time.perf_counter()
     tool_counts = _tool_counts(toolbox)
     pool = concurrent.futures.ThreadPoolExecutor(options.tool_threads)
     planner_sampling, planner_stops, more_profiles = sampling_profiles(cfg, chat)
-    engine = _Engine(chat, toolbox, cfg, options, pool, worker_profile=1 if more_profiles else 0,
+    engine = _Engine(chat, toolbox, cfg, options, pool,
                      max_tool_calls_per_turn=max_tool_calls_per_turn)
     try:
         engine.start(questions, question_offset)
@@ -158,6 +162,7 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
             max_len=cfg.max_context, max_turn=cfg.turn_buffer, sampling=planner_sampling,
             stop_ids=planner_stops, rng=rng, buckets=options.injection_buckets,
             lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes,
+            prefix_rows=prefix_rows,
             more_profiles=more_profiles)
     finally:  # calls the engine stopped waiting for are not waited for here either
         pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
@@ -245,12 +250,10 @@ class _ToolJobs:
 
 class _Engine:
     def __init__(self, chat, toolbox, cfg: RolloutSection, options: EngineOptions, pool,
-                 worker_profile: int = 0,
                  max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN):
         self.chat, self.toolbox, self.cfg, self.options = chat, toolbox, cfg, options
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self.pool = pool
-        self.worker_profile = worker_profile  # the sampler profile worker slots decode with
         self.agents: dict[int, _Agent] = {}
         self.scheduler = SlotScheduler(cfg.decode_slots, cfg.max_context, self.on_turns,
                                        mix_roles=options.mix_roles, group_order=(PLANNER, WORKER),
@@ -512,7 +515,7 @@ class _Engine:
         return 0 if tokens == self.cfg.turn_buffer else tokens
 
     def _profile(self, role: str) -> int:
-        return self.worker_profile if role == WORKER else 0
+        return 1 if role == WORKER else 0  # sampling_profiles' order
 
     def _closed(self, agent: _Agent) -> bool:
         """Whether the last sampled turn ended with <|im_end|>; a turn stopped by another eos

@@ -38,8 +38,9 @@ from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import step as step_lib
-from matpo_jax.run.runtime import (Runtime, loop_config, optimizer_config, reward_config,
-                                   rng_for, rollout_config, step_config, tool_calls_per_turn)
+from matpo_jax.run.runtime import (Runtime, loop_config, optimizer_config, prefix_rows,
+                                   reward_config, rng_for, rollout_config, step_config,
+                                   tool_calls_per_turn)
 
 log = logging.getLogger(__name__)
 CONSUMED_FILE = "consumed.jsonl"
@@ -137,7 +138,8 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
             rollout_batch = run_rollouts(sampler_state, loop.graphdef, rt.chat, rt.toolbox, texts,
                                          rcfg, rng_for(cfg.train.seed, 1, step),
                                          question_offset=share.start,
-                                         max_tool_calls_per_turn=tool_calls_per_turn(cfg))
+                                         max_tool_calls_per_turn=tool_calls_per_turn(cfg),
+                                         prefix_rows=prefix_rows(cfg))
             del sampler_state
             t1 = time.perf_counter()
             # score and pack: rewards, advantages, the MATPO batch over every process's rows

@@ -177,6 +177,19 @@ def rollout_config(cfg: ExperimentConfig, *, evaluation: bool = False) -> Rollou
     return cfg.rollout
 
 
+def prefix_rows(cfg: ExperimentConfig) -> int:
+    """The prefixes one training batch registers per process (run_rollouts' prefix_rows): each
+    role's system turn, and each question's prompt when its G samples share it. Evaluations pass
+    it too, so that they run the sampler loop the rollouts compiled (a loop with host callbacks
+    is compiled again by every process: JAX's persistent cache does not keep it)."""
+    rollout = cfg.rollout
+    if not rollout.reuse_prefixes:
+        return 0
+    roles = 2 if rollout.mode == "matpo" else 1
+    questions = -(-cfg.data.batch_size // jax.process_count())
+    return roles + (questions if rollout.group_size > 1 else 0)
+
+
 def tool_calls_per_turn(cfg: ExperimentConfig) -> int:
     """run_rollouts' max_tool_calls_per_turn: the search/open calls one turn may make (they run
     at once; the rest are answered by an error text)."""

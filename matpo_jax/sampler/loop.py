@@ -14,7 +14,10 @@ Structure: outer loop = [host call -> inject] then an inner loop that decodes un
 stops; the host is therefore called exactly once per iteration in which any slot stopped (and once
 at the start). The jitted function does not close over the host: the callback finds it through a
 registry keyed by an id that is a runtime argument, so all hosts share one compilation per
-(model, slots, max_len, max_turn, buckets, sampling, stop ids, mesh).
+(model, slots, max_len, max_turn, buckets, stop ids, mesh, number of sampling profiles, top-k).
+Temperatures and top-p masses are operands: a greedy evaluation and sampled rollouts of the same
+shapes run one compiled loop (a loop with host callbacks is never in JAX's persistent cache, so
+every process compiles it).
 
 Host traffic of a round (`host_transfer.py`), proportional to the tokens that change hands:
   device -> host, one ordered callback: stopped, stop_reason, turn_len, cache_len ([B] each) and
@@ -54,8 +57,8 @@ from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
 from matpo_jax.sampler.host_transfer import (HostTraffic, flat_widths, nbytes, pack_rows,
                                              unpack_rows)
-from matpo_jax.sampler.ops import (Sampling, SamplingConfigError, draw_keys, sample_tokens,
-                                   sample_tokens_per_row)
+from matpo_jax.sampler.ops import (ProfileValues, Sampling, SamplingConfigError, Truncation,
+                                   draw_keys, profile_settings, sample_with_profiles)
 from matpo_jax.sampler.writes import (PrefixStore, build_prefix_store, copy_prefixes, inject,
                                       prefix_store_shape)
 
@@ -375,20 +378,17 @@ def _stop_reasons(tokens, stop_table):
     return reason
 
 
-def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_len: int,
-                 more_profiles=()):
+def _decode_step(model, s: _LoopState, rng, profiles: ProfileValues, truncation: Truncation,
+                 stop_tables, max_len: int):
     """Samples one token for every active slot with room left, records it, and decodes it.
-    more_profiles: ((Sampling, stop table), ...) of profiles 1.. (slots pick one by s.profile)."""
+    profiles / stop_tables: profile p's settings and ((token, reason), ...) (slots pick one by
+    s.profile)."""
     slots, max_turn = s.turn_tokens.shape
     rows = jnp.arange(slots)
     full = s.cache.lengths >= max_len
     sampling_rows = s.active & ~full
     keys = draw_keys(rng, s.stream, s.cache.lengths)
-    if more_profiles:
-        tokens, logprobs = sample_tokens_per_row(
-            s.logits, keys, (sampling,) + tuple(p for p, _ in more_profiles), s.profile)
-    else:
-        tokens, logprobs = sample_tokens(s.logits, keys, sampling)
+    tokens, logprobs = sample_with_profiles(s.logits, keys, profiles, s.profile, truncation)
     # Rows that do not sample write to column max_turn, which mode="drop" discards.
     column = jnp.where(sampling_rows, s.turn_len, max_turn)
     turn_tokens = s.turn_tokens.at[rows, column].set(tokens, mode="drop")
@@ -399,8 +399,8 @@ def _decode_step(model, s: _LoopState, rng, sampling: Sampling, stop_table, max_
     new_logits, cache = model.decode(tokens, s.cache, sampling_rows)
     logits = jnp.where(sampling_rows[:, None], new_logits, s.logits)
 
-    stops = _stop_reasons(tokens, stop_table)
-    for index, (_, table) in enumerate(more_profiles, start=1):
+    stops = _stop_reasons(tokens, stop_tables[0])
+    for index, table in enumerate(stop_tables[1:], start=1):
         stops = jnp.where(s.profile == index, _stop_reasons(tokens, table), stops)
     reason = jnp.where(sampling_rows, stops, STOP_NONE)
     reason = jnp.where(sampling_rows & (reason == STOP_NONE) & (turn_len >= s.turn_cap),
@@ -495,11 +495,11 @@ def _replication(mesh: Mesh | None):
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "sampling", "stop_table",
-    "mesh", "more_profiles"))
+    "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "truncation", "stop_tables",
+    "mesh"))
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
-               prefix_lengths, *, slots, max_len, max_turn, buckets, lanes, sampling, stop_table,
-               mesh=None, more_profiles=()):
+               prefix_lengths, profiles, *, slots, max_len, max_turn, buckets, lanes, truncation,
+               stop_tables, mesh=None):
     model = nnx.merge(graphdef, model_state)
     config = model.config
     constrain, replicated = _state_constraint(mesh), _replication(mesh)
@@ -529,8 +529,8 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
     def decode_until_a_stop(s):
         return jax.lax.while_loop(
             lambda s: ~s.done & ~jnp.any(s.stopped) & jnp.any(s.active) & under_limits(s),
-            lambda s: constrain(_decode_step(model, s, rng, sampling, stop_table, max_len,
-                                             more_profiles)), s)
+            lambda s: constrain(_decode_step(model, s, rng, profiles, truncation, stop_tables,
+                                             max_len)), s)
 
     def outer_body(s):
         return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
@@ -554,7 +554,8 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
               max_turn: int | None = None, sampling: Sampling = Sampling(),
               stop_ids: Mapping[int, int] | Sequence[int] = (), rng=None,
               buckets: Sequence[int] | None = None, lanes: int | None = None,
-              prefixes: Sequence[Sequence[int]] = (), max_steps: int = 1 << 30,
+              prefixes: Sequence[Sequence[int]] = (), prefix_rows: int = 0,
+              max_steps: int = 1 << 30,
               max_host_calls: int = 1 << 30, mesh: Mesh | None = None,
               more_profiles: Sequence[tuple[Sampling, Mapping[int, int] | Sequence[int]]] = ()
               ) -> SlotLoopStats:
@@ -568,7 +569,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     writing into n rows runs ceil(n / lanes) extends of `lanes` rows each.
     prefixes: token lists many sequences start with; their keys and values are computed once,
     when the loop starts, and a host starts a reset slot from one (SlotInjection.prefix) instead
-    of writing those tokens again.
+    of writing those tokens again. prefix_rows: rows the prefix store has at least (padding
+    rows cost no compute): the count a larger batch of the same run registers, so that a call
+    with fewer prefixes (an evaluation beside the rollouts) runs the loop that batch compiled.
     max_steps / max_host_calls: safety caps (hit_limit=True in the result when one ended the loop).
     mesh: shards the KV cache, logits and turn buffers over it (slots over data x fsdp, kv heads
     over tensor); default: the mesh model_state is sharded over (`mesh_of`), none if unsharded.
@@ -587,10 +590,13 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
     mesh = mesh_of(model_state) if mesh is None else mesh
     rng = jax.random.key(0) if rng is None else rng
-    prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len)
-    more = tuple((p, _stop_table(ids)) for p, ids in more_profiles)
+    prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len, prefix_rows)
+    # Profile settings are operands, not constants: a greedy evaluation and sampled rollouts with
+    # the same shapes, stop ids and truncation run one compiled loop.
+    values, truncation = profile_settings((sampling,) + tuple(p for p, _ in more_profiles))
+    stop_tables = (_stop_table(stop_ids),) + tuple(_stop_table(ids) for _, ids in more_profiles)
     session = _HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes],
-                           profiles=1 + len(more))
+                           profiles=len(stop_tables))
     with _SESSIONS_LOCK:
         session_id = next(_SESSION_IDS)
         _SESSIONS[session_id] = session
@@ -598,10 +604,10 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         counters = _slot_loop(graphdef, model_state, rng, jnp.int32(session_id),
                               jnp.int32(min(max_steps, 2**31 - 1)),
                               jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,
-                              prefix_lengths, slots=slots,
+                              prefix_lengths, values, slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
-                              lanes=lanes, sampling=sampling, stop_table=_stop_table(stop_ids),
-                              mesh=mesh, more_profiles=more)
+                              lanes=lanes, truncation=truncation, stop_tables=stop_tables,
+                              mesh=mesh)
         decode_steps, host_calls, sampled, done = jax.device_get(counters)
     finally:
         with _SESSIONS_LOCK:
@@ -612,14 +618,18 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
                          tuple(tuple(r) for r in session.traffic.rounds))
 
 
-def _prefix_arrays(prefixes: Sequence[Sequence[int]], buckets: Sequence[int], max_len: int):
-    """The store's input: tokens [rows, width] and lengths [rows] (padding rows have length 0)."""
+def _prefix_arrays(prefixes: Sequence[Sequence[int]], buckets: Sequence[int], max_len: int,
+                   min_rows: int = 0):
+    """The store's input: tokens [rows, width] and lengths [rows] (padding rows have length 0;
+    at least min_rows of them when there are prefixes)."""
     lengths = [len(p) for p in prefixes]
     for index, length in enumerate(lengths):
         if not 0 < length <= max_len:
             raise SlotProtocolError(f"prefixes[{index}] has {length} tokens; a prefix needs 1 to "
                                     f"max_len={max_len}")
     rows, width = prefix_store_shape(lengths, buckets, max_len)
+    if rows:
+        rows = max(rows, prefix_store_shape([1] * int(min_rows), buckets, max_len)[0])
     tokens = np.zeros((rows, max(width, 1)), np.int32)
     for index, prefix in enumerate(prefixes):
         tokens[index, :len(prefix)] = prefix

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _NEG_INF = -jnp.inf
 
@@ -136,6 +138,43 @@ def first_index_of_max(x: jax.Array, top: jax.Array | None = None) -> jax.Array:
     return jnp.minimum(index, size - 1)
 
 
+class ProfileValues(NamedTuple):
+    """The settings of sampling profiles 0..P-1 as arrays [P]: traced operands of the jitted
+    loop, so evaluation (greedy) and rollouts (sampled) of one run share one compilation."""
+
+    temperature: jax.Array  # float32: each profile's log-prob temperature (1 for greedy)
+    top_p: jax.Array  # float32
+    greedy: jax.Array  # bool
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What every profile of one decode batch shares: static, part of the compiled loop."""
+
+    top_k: int = 0
+    token_count: int = 0
+    nucleus: bool = False  # some profile has top_p < 1 (the sort is compiled in)
+
+
+def profile_settings(profiles: tuple[Sampling, ...]) -> tuple[ProfileValues, Truncation]:
+    """(values, truncation) of profiles; they must share top_k and token_count."""
+    if len({p.top_k for p in profiles}) > 1:
+        raise SamplingConfigError(f"profiles differ in top_k {[p.top_k for p in profiles]}: "
+                                  "one decode batch truncates to one top_k")
+    if len({p.token_count for p in profiles}) > 1:
+        raise SamplingConfigError(f"profiles differ in token_count "
+                                  f"{[p.token_count for p in profiles]}: one vocabulary per batch")
+    values = ProfileValues(
+        temperature=np.asarray([p.logprob_temperature for p in profiles], np.float32),
+        top_p=np.asarray([p.top_p for p in profiles], np.float32),
+        greedy=np.asarray([p.is_greedy for p in profiles], bool))
+    # A greedy profile's top_p counts too: evaluation at temperature 0 then compiles the same
+    # loop as the rollouts it sits beside.
+    truncation = Truncation(profiles[0].top_k, profiles[0].token_count,
+                            nucleus=any(p.top_p < 1.0 for p in profiles))
+    return values, truncation
+
+
 def sample_tokens_per_row(logits: jax.Array, keys: jax.Array, profiles: tuple[Sampling, ...],
                           profile_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`sample_tokens` where row b samples with `profiles[profile_ids[b]]` (e.g. planner and
@@ -145,27 +184,32 @@ def sample_tokens_per_row(logits: jax.Array, keys: jax.Array, profiles: tuple[Sa
     nucleus truncation keeps the row's own mass, greedy rows take the argmax. top_k is shared:
     every profile must have the same one. Each row's (token, log-prob) is what `sample_tokens`
     with its profile alone gives (the same key, the same arithmetic)."""
-    if len({p.top_k for p in profiles}) > 1:
-        raise SamplingConfigError(f"profiles differ in top_k {[p.top_k for p in profiles]}: "
-                                  "one decode batch truncates to one top_k")
-    if len({p.token_count for p in profiles}) > 1:
-        raise SamplingConfigError(f"profiles differ in token_count "
-                                  f"{[p.token_count for p in profiles]}: one vocabulary per batch")
-    pick = lambda values, dtype: jnp.asarray(values, dtype)[profile_ids]  # noqa: E731
-    temperature = pick([p.logprob_temperature for p in profiles], jnp.float32)[:, None]
-    top_p = pick([p.top_p for p in profiles], jnp.float32)[:, None]
-    greedy = pick([p.is_greedy for p in profiles], bool)
+    values, truncation = profile_settings(tuple(profiles))
+    return sample_with_profiles(logits, keys, values, profile_ids, truncation)
+
+
+def sample_with_profiles(logits: jax.Array, keys: jax.Array, values: ProfileValues,
+                         profile_ids: jax.Array, truncation: Truncation
+                         ) -> tuple[jax.Array, jax.Array]:
+    """`sample_tokens_per_row` from the profiles' values (traced or not). When every row's
+    profile is greedy the draw (noise, nucleus sort) is skipped at run time."""
+    temperature = jnp.asarray(values.temperature, jnp.float32)[profile_ids][:, None]
+    top_p = jnp.asarray(values.top_p, jnp.float32)[profile_ids][:, None]
+    greedy = jnp.asarray(values.greedy, bool)[profile_ids]
     logits = logits.astype(jnp.float32)
     scaled = logits / temperature
     top = jnp.max(scaled, axis=-1, keepdims=True)
-    drawable = drop_non_tokens(scaled, profiles[0].token_count)
-    truncated = truncate_top_k(drawable, profiles[0].top_k)
-    if any(p.top_p < 1.0 for p in profiles if not p.is_greedy):
-        nucleus = _truncate_top_p_rows(truncated, top_p)
-        truncated = jnp.where(top_p < 1.0, nucleus, truncated)
-    noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:]))(keys)
-    tokens = jnp.where(greedy, first_index_of_max(drawable, top if drawable is scaled else None),
-                       first_index_of_max(truncated + noise))
+    drawable = drop_non_tokens(scaled, truncation.token_count)
+    argmax = first_index_of_max(drawable, top if drawable is scaled else None)
+
+    def draw(_):
+        truncated = truncate_top_k(drawable, truncation.top_k)
+        if truncation.nucleus:
+            truncated = jnp.where(top_p < 1.0, _truncate_top_p_rows(truncated, top_p), truncated)
+        noise = jax.vmap(lambda key: jax.random.gumbel(key, truncated.shape[1:]))(keys)
+        return jnp.where(greedy, argmax, first_index_of_max(truncated + noise))
+
+    tokens = jax.lax.cond(jnp.all(greedy), lambda _: argmax, draw, None)
     log_total = top[:, 0] + jnp.log(jnp.sum(jnp.exp(scaled - top), axis=-1))
     chosen = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
     return tokens, chosen - log_total

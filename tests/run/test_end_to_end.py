@@ -92,6 +92,7 @@ def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
     """train.steps=0 stops after SFT; sft.init_checkpoint starts RL from those params (the
     reproduction grid's shared starting point) without training SFT again."""
     from matpo_jax.run.experiment import run_experiment
+    from matpo_jax.sampler.loop import _slot_loop as slot_loop
 
     base = shrink(data_dir, rl_steps=0) + ",sft.modes=matpo+single"
     start = str(tmp_path / "sft_only")
@@ -100,7 +101,12 @@ def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
     shared = os.path.join(start, "checkpoints", "sft")
     overrides = f"{shrink(data_dir, rl_steps=1)},rollout.mode=single,sft.init_checkpoint={shared}"
     run = str(tmp_path / "rl")
+    # The SFT start's evaluation (greedy, one sample), the rollouts (sampled, G=2, one prefix
+    # per question) and the final evaluation run one compiled sampler loop: a loop with host
+    # callbacks is compiled again by every process (the persistent cache does not keep it).
+    slot_loop._clear_cache()
     summary = run_experiment(to_typed(load_config_file(TINY, overrides)), run)
+    assert slot_loop._cache_size() == 1
     assert summary["mode"] == "single" and summary["final_eval"]["eval/questions"] == 4
     assert not os.path.exists(os.path.join(run, "checkpoints", "sft"))  # no SFT of its own
     assert not metrics_lib.load_metrics(os.path.join(run, "sft", "metrics.jsonl"))  # no SFT step

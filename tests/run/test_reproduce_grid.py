@@ -84,6 +84,17 @@ def test_each_method_starts_rl_from_sft_on_its_own_prompt_format(tmp_path):
     # One run per noise level builds the world; the others at that level wait for it.
     assert by_name["sft_single_noise0.6"].after == ()
     assert by_name["sft_matpo_noise0.6"].after == ("sft_single_noise0.6",)
+    # Once an SFT at a level has finished, its world exists: the next grid's SFTs start together.
+    finished = tmp_path / "runs" / "sft_single_noise0.6"
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text("{}")
+    again = {j.name: j for j in reproduce.plan(
+        str(tmp_path), ["0.05", "0.6"], ["0"], ["matpo", "matpo_no_recap", "matpo_no_summary"],
+        ["0.6"], None, [])}
+    assert again["sft_matpo_noise0.6"].after == ()
+    assert again["sft_matpo_no_recap_noise0.6"].after == ()
+    assert again["sft_matpo_noise0.05"].after == ()
+    assert again["sft_matpo_no_summary_noise0.6"].after == ()
 
 
 def test_successors_start_from_matpos_sft_with_only_their_credit_rule_changed(tmp_path):

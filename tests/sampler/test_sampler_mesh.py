@@ -45,13 +45,14 @@ def test_each_device_holds_its_share_of_the_cache(split_model, shapes, mesh):
     graphdef, state = split_model
     config = loop.nnx.merge(graphdef, state).config
     args = loop._prefix_arrays((), loop.normalize_buckets(None, shapes.max_len), shapes.max_len)
+    profiles, truncation = loop.profile_settings(
+        (loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn),))
     lowered = loop._slot_loop.lower(
         graphdef, jax.device_put(state, parallel.param_shardings(state, mesh)),
-        jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args,
+        jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args, profiles,
         slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn,
         buckets=loop.normalize_buckets(None, shapes.max_len), lanes=1,
-        sampling=loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn), stop_table=(),
-        mesh=mesh)
+        truncation=truncation, stop_tables=((),), mesh=mesh)
     text = lowered.compile().as_text()
     d, n = config.head_dim, shapes.max_len
     assert f"f32[1,1,{d},{n}]" in text and f"f32[1,1,{n},{d}]" in text  # keys, values shards

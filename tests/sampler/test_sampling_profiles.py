@@ -10,7 +10,7 @@ import pytest
 
 from matpo_jax.agents import rollout as rollout_lib
 from matpo_jax.config import RolloutSection
-from matpo_jax.sampler.loop import STOP_EOS, STOP_TURN_CAP, Sampling, run_slots
+from matpo_jax.sampler.loop import STOP_EOS, STOP_TURN_CAP, Sampling, _slot_loop, run_slots
 from matpo_jax.sampler.ops import sample_tokens, sample_tokens_per_row
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
@@ -122,7 +122,11 @@ def test_trainer_recomputes_each_role_at_its_own_temperature(mixed_batch, tiny_m
 
 def test_engine_profiles(chat_format):
     base = RolloutSection()
-    assert rollout_lib.sampling_profiles(base, chat_format)[2] == ()  # the default: one profile
+    # Workers get profile 1 even with the planner's settings (one loop for eval and rollouts).
+    planner, planner_stops, ((worker, worker_stops),) = rollout_lib.sampling_profiles(
+        base, chat_format)
+    assert worker.replace(max_turn_tokens=planner.max_turn_tokens) == planner
+    assert worker_stops == planner_stops
     own = dataclasses.replace(base, worker_temperature=0.0, worker_max_new_tokens_per_turn=64)
     planner, _, more = rollout_lib.sampling_profiles(own, chat_format)
     (worker, _), = more
@@ -135,3 +139,30 @@ def test_engine_profiles(chat_format):
     with pytest.raises(ValueError, match="rollout.stop_words"):
         rollout_lib.sampling_profiles(dataclasses.replace(base, stop_words=("two words here",)),
                                       chat_format)
+
+
+def test_greedy_and_sampled_calls_of_one_shape_share_one_compiled_loop(
+        split_model, scripted_host, shapes, greedy_reference):
+    """Temperatures are operands: evaluation (greedy) after rollouts (sampled) in one process
+    compiles nothing more, and its tokens are still the greedy ones. (A loop with host callbacks
+    is never in JAX's persistent cache: each compile is paid again by every process.)"""
+    graphdef, state = split_model
+    prompts = [[9, 3, 14], [2, 70]]
+    kwargs = dict(slots=shapes.slots, max_len=shapes.max_len, rng=jax.random.key(7),
+                  more_profiles=[(Sampling(temperature=0.9, top_p=0.7,
+                                           max_turn_tokens=shapes.max_turn), {5: STOP_EOS})])
+    run_slots(state, graphdef, scripted_host(prompts, shapes.slots, turns=1),
+              sampling=Sampling(temperature=1.3, top_p=0.9, max_turn_tokens=shapes.max_turn),
+              **kwargs)
+    compiled = _slot_loop._cache_size()
+    greedy_host = scripted_host(prompts, shapes.slots, turns=1)
+    greedy_kwargs = dict(kwargs, more_profiles=[(Sampling(temperature=0.0, top_p=0.7,
+                                                          max_turn_tokens=shapes.max_turn),
+                                                 {5: STOP_EOS})])
+    run_slots(state, graphdef, greedy_host,
+              sampling=Sampling(temperature=0.0, top_p=0.9, max_turn_tokens=shapes.max_turn),
+              **greedy_kwargs)
+    assert _slot_loop._cache_size() == compiled
+    for prompt, tokens in zip(prompts, greedy_host.tokens):
+        turn = tokens[len(prompt):]
+        assert turn == greedy_reference(prompt, len(turn)), prompt

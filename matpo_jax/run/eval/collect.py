@@ -38,6 +38,7 @@ class Policy:
     rollout_cfg: RolloutSection  # group_size: the samples per question
     seed: int
     max_tool_calls_per_turn: int = DEFAULT_TOOL_CALLS_PER_TURN  # tools.max_calls_per_turn
+    prefix_rows: int = 0  # run_rollouts' (a training run's: its RL batch's, runtime.prefix_rows)
 
     @property
     def samples(self) -> int:
@@ -100,7 +101,8 @@ def rollout_sampler(policy: Policy, dataset: str) -> RolloutFn:
                                  batch_index)
         return run_rollouts(policy.model_state, policy.graphdef, policy.chat, policy.toolbox,
                             questions, policy.rollout_cfg, rng,
-                            max_tool_calls_per_turn=policy.max_tool_calls_per_turn).rollouts
+                            max_tool_calls_per_turn=policy.max_tool_calls_per_turn,
+                            prefix_rows=policy.prefix_rows).rollouts
 
     return sample
 

@@ -22,7 +22,7 @@ from matpo_jax.run.eval.grading import make_grader
 from matpo_jax.run.eval.protocol import Evaluation, Evaluator
 from matpo_jax.run.eval.questions import load_questions
 from matpo_jax.run.eval.world import WorldEvaluator
-from matpo_jax.run.runtime import Runtime, rollout_config, tool_calls_per_turn
+from matpo_jax.run.runtime import Runtime, prefix_rows, rollout_config, tool_calls_per_turn
 
 # (runtime, dataset name, tag, curve questions) -> the evaluator of that evaluation
 EvaluatorFactory = Callable[[Runtime, str, str, int], Evaluator]
@@ -56,7 +56,7 @@ def run_policy(rt: Runtime, graphdef, model_state) -> Policy:
     """The run's policy as evaluations sample it: each question once at eval.temperature."""
     return Policy(graphdef, model_state, rt.chat, rt.toolbox,
                   rollout_config(rt.cfg, evaluation=True), rt.cfg.train.seed,
-                  tool_calls_per_turn(rt.cfg))
+                  tool_calls_per_turn(rt.cfg), prefix_rows(rt.cfg))
 
 
 def evaluate_run(rt: Runtime, graphdef, model_state, *, tag: str,

@@ -65,7 +65,8 @@ class WorldEvaluator:
             return run_rollouts(local_state, policy.graphdef, policy.chat, policy.toolbox,
                                 texts, policy.rollout_cfg, rng_for(policy.seed, 2),
                                 question_offset=start,
-                                max_tool_calls_per_turn=policy.max_tool_calls_per_turn).rollouts
+                                max_tool_calls_per_turn=policy.max_tool_calls_per_turn,
+                                prefix_rows=policy.prefix_rows).rollouts
 
         def grade_fn(positions, rollouts, outcomes):  # the training reward's breakdowns
             breakdowns = rewards_lib.rollout_rewards(
