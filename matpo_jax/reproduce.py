@@ -76,6 +76,9 @@ MIN_GAP_POINTS, MIN_GAP_IN_POOLED_SD = 5.0, 2.0
 SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt")
 # The variants that change only the RL update: compared with the two methods in their own table.
 SUCCESSORS = tuple(name for name, variant in VARIANTS.items() if variant.rl)
+# The prompt-format ablations (their own SFT, MATPO's RL): compared with MATPO in their own table.
+ABLATIONS = tuple(name for name, variant in VARIANTS.items()
+                  if name not in COMPARED and not variant.sft_of and not variant.rl)
 
 
 def variants_at(noise: str, variants, ablations_at) -> list[str]:
@@ -262,22 +265,28 @@ def seed_of(run: dict) -> str:
     return os.path.basename(os.path.normpath(run["workdir"])).rsplit("_seed", 1)[1]
 
 
-def per_seed_table(results: dict, noise: str, seeds) -> str:
+def per_seed_table(results: dict, noise: str, seeds, start: bool = False) -> str:
     """Per method at one noise level: test accuracy of each seed, mean ± sd over the seeds run,
-    and each seed's difference from MATPO's run of the same seed (the same question stream)."""
+    and each seed's difference from MATPO's run of the same seed (the same question stream).
+    start: also the method's SFT start (one per method) and the mean gain over it (methods
+    with SFTs of their own, such as the ablations)."""
     methods = results.get(noise, {})
     matpo = {seed_of(r): 100 * r["final_eval"]["eval/accuracy"] for r in methods.get("matpo", [])}
-    lines = ["| method | " + " | ".join(f"seed {s}" for s in seeds)
-             + " | mean ± sd | matched seeds: minus MATPO |", "|---" * (len(seeds) + 3) + "|"]
+    head = ["method"] + (["SFT start"] if start else []) + [f"seed {s}" for s in seeds] \
+        + ["mean ± sd"] + (["gain"] if start else []) + ["matched seeds: minus MATPO"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for variant, runs in methods.items():
         accuracy = {seed_of(r): 100 * r["final_eval"]["eval/accuracy"] for r in runs}
         values = np.array(list(accuracy.values()))
         matched = ", ".join(f"{accuracy[s] - matpo[s]:+.1f}" for s in seeds
                             if s in accuracy and s in matpo)
-        lines.append(f"| {variant} | " + " | ".join(
-            f"{accuracy[s]:.1f}" if s in accuracy else "not run" for s in seeds)
-            + f" | {values.mean():.1f} ± {values.std():.1f} | "
-            + ("-" if variant == "matpo" else matched or "-") + " |")
+        sft = float(np.mean(_percent(runs, "sft_eval", "eval/accuracy"))) if start else 0.0
+        cells = ([variant] + ([f"{sft:.1f}"] if start else [])
+                 + [f"{accuracy[s]:.1f}" if s in accuracy else "not run" for s in seeds]
+                 + [f"{values.mean():.1f} ± {values.std():.1f}"]
+                 + ([f"{values.mean() - sft:+.1f}"] if start else [])
+                 + ["-" if variant == "matpo" else matched or "-"])
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -375,6 +384,29 @@ def main(argv):
                                "Training, per method (mean ± sd over seeds):", "",
                                stability_table({noise: methods}, noise), "",
                                f"Curves: `{os.path.basename(figure)}`.", ""]
+    ablation_sections = []
+    for noise in _NOISE.value:
+        methods = {v: runs for v, runs in results[noise].items()
+                   if v == "matpo" or v in ABLATIONS}
+        if not set(methods) & set(ABLATIONS):
+            continue
+        figure = os.path.join(out, f"ablations_noise{noise}.png")
+        compare.plot_comparison(
+            {v: [os.path.join(s["workdir"], "metrics.jsonl") for s in runs]
+             for v, runs in methods.items()}, figure,
+            keys=("curve/accuracy", "reward/mean", "grad_norm"), smoothing=0.5,
+            title=f"noise {noise}: MATPO and its prompt-format ablations (mean ± sd over seeds)")
+        ablation_sections += [f"## The recap and final-summary ablations at noise {noise}", "",
+                              "Each from SFT on its own prompt format (the same SFT budget), "
+                              "then MATPO's RL budget and question stream. matpo_no_recap: "
+                              "`rollout.user_query_recap=false`, matpo_no_summary: "
+                              "`rollout.final_summary=false`.", "",
+                              "Test accuracy (%) per seed; gain: mean after RL minus the SFT "
+                              "start:", "",
+                              per_seed_table({noise: methods}, noise, _SEEDS.value, start=True),
+                              "", "Training, per method (mean ± sd over seeds):", "",
+                              stability_table({noise: methods}, noise), "",
+                              f"Curves: `{os.path.basename(figure)}`.", ""]
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})
     gap_by_noise = gaps(results, _NOISE.value)
@@ -389,7 +421,7 @@ def main(argv):
         "Test accuracy (%) after RL, mean ± sd over seeds; SFT start = before RL.", "",
         table(results, _NOISE.value, hops), "", "Bars:", *bars(gap_by_noise, _NOISE.value), "",
         *([f"Not finished: {', '.join(f'{k} ({v})' for k, v in sorted(failed.items()))}", ""]
-          if failed else []), *successor_sections])
+          if failed else []), *successor_sections, *ablation_sections])
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "results.json"), "w") as f:

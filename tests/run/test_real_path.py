@@ -27,6 +27,7 @@ from flax import nnx
 
 from fixtures.compile_cache import cache_env
 from fixtures.fault_server import FaultServer, send
+from fixtures.xla import xla_flags
 from fixtures.hf_models import ScriptedTurns, build_scripted_qwen3
 from matpo_jax.chat import format_tool_call
 from matpo_jax.config import load_config_file, to_typed
@@ -61,9 +62,16 @@ def shrink(judge_url: str) -> list[str]:
     ]
 
 
+# The config's FSDP over 2 simulated devices (a real mesh: every parameter split in two), not the
+# session's 8: on 2 cores, partitioning and collectives for 8 made this test 351 s instead of
+# 196 s (Dec 2, the same load; 143 s on one device).
+DEVICES = 2
+
+
 def run(module: str, flags: list[str], cache_dir: str) -> subprocess.CompletedProcess:
     # one persistent compilation cache: evaluate loads the sampler training compiled
-    env = dict(os.environ, PYTHONPATH=str(REPO), **cache_env(cache_dir))
+    env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS=xla_flags(DEVICES),
+               **cache_env(cache_dir))
     done = subprocess.run([sys.executable, "-m", module, *flags], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

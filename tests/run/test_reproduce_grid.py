@@ -152,6 +152,21 @@ def test_per_seed_table_matches_each_seed_with_matpos_run_of_that_seed():
     assert lines[3] == "| setwise | not run | 25.0 | 25.0 ± 0.0 | +5.0 |"  # vs seed 1 only
 
 
+def test_ablation_table_gives_each_methods_own_sft_start_and_gain():
+    def run(variant, seed, start, accuracy):
+        return {"workdir": f"/out/runs/{reproduce.rl_name(variant, '0.6', seed)}",
+                "sft_eval": {"eval/accuracy": start}, "final_eval": {"eval/accuracy": accuracy}}
+    results = {"0.6": {"matpo": [run("matpo", "0", 0.25, 0.30), run("matpo", "1", 0.25, 0.20)],
+                       "matpo_no_recap": [run("matpo_no_recap", "0", 0.10, 0.32),
+                                          run("matpo_no_recap", "1", 0.10, 0.28)]}}
+    lines = reproduce.per_seed_table(results, "0.6", ["0", "1"], start=True).splitlines()
+    assert lines[0] == ("| method | SFT start | seed 0 | seed 1 | mean ± sd | gain | "
+                        "matched seeds: minus MATPO |")
+    assert lines[2] == "| matpo | 25.0 | 30.0 | 20.0 | 25.0 ± 5.0 | +0.0 | - |"
+    assert lines[3] == "| matpo_no_recap | 10.0 | 32.0 | 28.0 | 30.0 ± 2.0 | +20.0 | +2.0, +8.0 |"
+    assert reproduce.ABLATIONS == ("matpo_no_recap", "matpo_no_summary")
+
+
 def test_later_seeds_take_the_shared_starts_evaluation(tmp_path):
     jobs = {j.name: j for j in reproduce.plan(str(tmp_path), ["0.6"], ["0", "1"], ["matpo"],
                                               [], None, [])}
