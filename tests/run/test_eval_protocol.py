@@ -62,7 +62,9 @@ def test_one_evaluation_writes_its_metrics_samples_and_table_once(tmp_path, monk
     monkeypatch.setattr(registry, "EVALUATORS", {n: fake for n in registry.EVALUATORS})
     cfg = types.SimpleNamespace(
         eval=types.SimpleNamespace(datasets=("frames", loader_lib.SYNTHETIC), temperature=0.0),
-        rollout=types.SimpleNamespace(group_size=4, temperature=1.0, mode="matpo"),
+        rollout=types.SimpleNamespace(group_size=4, temperature=1.0, mode="matpo",
+                                      reuse_prefixes=True),
+        data=types.SimpleNamespace(batch_size=2),
         reward=types.SimpleNamespace(method="exact"), train=types.SimpleNamespace(seed=0),
         tools=types.SimpleNamespace(max_calls_per_turn=4))
     monkeypatch.setattr(registry, "rollout_config", lambda cfg, evaluation: types.SimpleNamespace(
