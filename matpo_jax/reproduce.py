@@ -342,6 +342,31 @@ def collect(out: str, noises, seeds, variants, ablations_at, ablation_seeds) -> 
     return results
 
 
+def comparison_sections(out: str, results: dict, baselines, variants, name: str, *,
+                        title: str, heading: str, intro: str, start: bool) -> list[str]:
+    """table.md's section comparing `variants` with `baselines` at each noise level that ran
+    one of them: per-seed and training tables, and the figure `<name>_noise<noise>.png`."""
+    sections = []
+    for noise in _NOISE.value:
+        methods = {v: runs for v, runs in results[noise].items()
+                   if v in baselines or v in variants}
+        if not set(methods) & set(variants):
+            continue
+        figure = os.path.join(out, f"{name}_noise{noise}.png")
+        compare.plot_comparison(
+            {v: [os.path.join(s["workdir"], "metrics.jsonl") for s in runs]
+             for v, runs in methods.items()}, figure,
+            keys=("curve/accuracy", "reward/mean", "grad_norm"), smoothing=0.5,
+            title=f"noise {noise}: {title} (mean ± sd over seeds)")
+        sections += [f"## {heading} at noise {noise}", "", intro, "",
+                     "Test accuracy (%) per seed:", "",
+                     per_seed_table({noise: methods}, noise, _SEEDS.value, start=start), "",
+                     "Training, per method (mean ± sd over seeds):", "",
+                     stability_table({noise: methods}, noise), "",
+                     f"Curves: `{os.path.basename(figure)}`.", ""]
+    return sections
+
+
 def main(argv):
     del argv
     out = _OUT.value
@@ -364,49 +389,20 @@ def main(argv):
             compare.compare_runs(dirs, os.path.join(out, f"curves_noise{noise}.png"),
                                  band="sd", title=f"noise {noise}: test accuracy (96-question "
                                  "curve) and rollout reward; mean ± sd over seeds")
-    successor_sections = []
-    for noise in _NOISE.value:
-        methods = {v: runs for v, runs in results[noise].items()
-                   if v in COMPARED or v in SUCCESSORS}
-        if not set(methods) & set(SUCCESSORS):
-            continue
-        figure = os.path.join(out, f"successors_noise{noise}.png")
-        compare.plot_comparison(
-            {v: [os.path.join(s["workdir"], "metrics.jsonl") for s in runs]
-             for v, runs in methods.items()}, figure,
-            keys=("curve/accuracy", "reward/mean", "grad_norm"), smoothing=0.5,
-            title=f"noise {noise}: MATPO's credit rule and its successors' (mean ± sd over seeds)")
-        successor_sections += [f"## MATPO and its successors at noise {noise}", "",
-                               "Same SFT start as MATPO and the same RL budget; agent_norm: "
-                               "`rl.group_by=agent` (Dr. MAS), setwise: `rl.ratio=setwise` (SRPO).",
-                               "", "Test accuracy (%) per seed:", "",
-                               per_seed_table({noise: methods}, noise, _SEEDS.value), "",
-                               "Training, per method (mean ± sd over seeds):", "",
-                               stability_table({noise: methods}, noise), "",
-                               f"Curves: `{os.path.basename(figure)}`.", ""]
-    ablation_sections = []
-    for noise in _NOISE.value:
-        methods = {v: runs for v, runs in results[noise].items()
-                   if v == "matpo" or v in ABLATIONS}
-        if not set(methods) & set(ABLATIONS):
-            continue
-        figure = os.path.join(out, f"ablations_noise{noise}.png")
-        compare.plot_comparison(
-            {v: [os.path.join(s["workdir"], "metrics.jsonl") for s in runs]
-             for v, runs in methods.items()}, figure,
-            keys=("curve/accuracy", "reward/mean", "grad_norm"), smoothing=0.5,
-            title=f"noise {noise}: MATPO and its prompt-format ablations (mean ± sd over seeds)")
-        ablation_sections += [f"## The recap and final-summary ablations at noise {noise}", "",
-                              "Each from SFT on its own prompt format (the same SFT budget), "
-                              "then MATPO's RL budget and question stream. matpo_no_recap: "
-                              "`rollout.user_query_recap=false`, matpo_no_summary: "
-                              "`rollout.final_summary=false`.", "",
-                              "Test accuracy (%) per seed; gain: mean after RL minus the SFT "
-                              "start:", "",
-                              per_seed_table({noise: methods}, noise, _SEEDS.value, start=True),
-                              "", "Training, per method (mean ± sd over seeds):", "",
-                              stability_table({noise: methods}, noise), "",
-                              f"Curves: `{os.path.basename(figure)}`.", ""]
+    successor_sections = comparison_sections(
+        out, results, COMPARED, SUCCESSORS, "successors",
+        title="MATPO's credit rule and its successors'",
+        heading="MATPO and its successors", start=False,
+        intro="Same SFT start as MATPO and the same RL budget; agent_norm: `rl.group_by=agent` "
+              "(Dr. MAS), setwise: `rl.ratio=setwise` (SRPO).")
+    ablation_sections = comparison_sections(
+        out, results, ("matpo",), ABLATIONS, "ablations",
+        title="MATPO and its prompt-format ablations",
+        heading="The recap and final-summary ablations", start=True,
+        intro="Each from SFT on its own prompt format (the same SFT budget), then MATPO's RL "
+              "budget and question stream. matpo_no_recap: `rollout.user_query_recap=false`, "
+              "matpo_no_summary: `rollout.final_summary=false`. Gain: mean after RL minus the "
+              "SFT start.")
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})
     gap_by_noise = gaps(results, _NOISE.value)
