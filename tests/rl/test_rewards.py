@@ -158,6 +158,12 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
             assert self.path == "/v1/chat/completions"
             status, text, delay = server.script(index, body)
             time.sleep(delay)
+        finally:
+            # Out of flight before the reply is written: the client may send its next request
+            # the moment it reads this one, and that must not count as one more in flight.
+            with server.lock:
+                server.in_flight -= 1
+        try:
             payload = (json.dumps({"id": "x", "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": text},
                  "finish_reason": "stop"}]}) if status == 200 else json.dumps({"error": text}))
@@ -169,9 +175,6 @@ class _ChatHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client timed out and went away
-        finally:
-            with server.lock:
-                server.in_flight -= 1
 
 
 @contextlib.contextmanager
