@@ -57,6 +57,7 @@ bench-peers: $(PEERS_VENV)/.installed
 	$(PEERS_VENV)/bin/python -m pytest -q -p no:cacheprovider benchmarks/peers
 	$(PEERS_VENV)/bin/python benchmarks/peers/sampler_bench.py
 	$(PEERS_VENV)/bin/python benchmarks/peers/train_step_bench.py
+	$(PEERS_VENV)/bin/python benchmarks/peers/rollout_bench.py
 
 clean:
 	rm -rf $(VENV) $(TPU_VENV) $(PEERS_VENV) runs
