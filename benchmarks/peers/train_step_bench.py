@@ -48,8 +48,12 @@ from tunix.rl.grpo import grpo_learner  # noqa: E402
 
 PAD, EOS = 0, 1  # ids no random token takes: tokens are drawn from [2, vocab)
 PROMPT_MAX, COMPLETION_MAX = 64, 128
-LOSS = loss_lib.LossConfig(aggregation="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
-                           dual_clip=None, entropy_metrics=False)
+# GRPO as tunix computes it: per-sequence token means, averaged over sequences; no KL, no
+# entropy term, no dual clip, no correction for the sampler.
+LOSS = loss_lib.LossConfig(loss_agg="seq-mean-token-mean", seq_mean_denominator="sequences",
+                           loss_agg_norm=0.0, eps_low=0.2, eps_high=0.2, dual_clip_c=None,
+                           kl_coef=0.0, kl_type="low_var_kl", entropy_coef=0.0, ratio="token",
+                           rollout_correction="off", tis_cap=2.0, entropy_metrics=False)
 
 
 def grpo_batch(prompts: int, group: int, vocab: int, seed: int, model):
