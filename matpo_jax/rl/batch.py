@@ -81,7 +81,8 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                 loss_config: LossConfig, pack_len: int, min_rows: int = 1, row_multiple: int = 1,
                 group_by: str = "planner", norm_by_std: bool = True,
                 gather: Callable[[np.ndarray], np.ndarray] | None = None,
-                set_classes: int | None = None) -> MatpoBatch:
+                set_classes: int | None = None,
+                micro_split: tuple[int, int] | None = None) -> MatpoBatch:
     """The packed batch of one RL step.
 
     rewards: the reward of every planner / single-agent rollout, by rollout_id (workers have none
@@ -92,6 +93,9 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
     row_multiple are then this process's share).
     set_classes: loss_config.ratio == "setwise": the train step's mini x micro batches (each
     group's sets in one micro-batch: packing.class_bins).
+    micro_split: the train step's (ppo_mini_batches, micro_batches): the rows in use then fill
+    whole micro-batches and the step skips the all-padding ones (packing.fill_micro_batches_first;
+    not for setwise, whose rows stay where class_bins put them).
     """
     setwise = loss_config.ratio == "setwise"
     if setwise and group_by != "planner":
@@ -116,6 +120,8 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
     batch = packing.pack_sequences(seqs, pack_len, row_multiple=row_multiple, rows=rows,
                                    loss_config=loss_config, drop_inert=True, totals=totals,
                                    set_classes=set_classes)
+    if micro_split is not None and not setwise:
+        batch = packing.fill_micro_batches_first(batch, *micro_split)
     # Counted over the sequences that carry a gradient (not the one a batch keeps when none
     # does), so every process's counts sum to the one-process numbers.
     carrying = [i for i in trained if packing.carries_gradient(seqs[i], loss_config)]

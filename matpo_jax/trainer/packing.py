@@ -233,6 +233,37 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: 
     return batch
 
 
+def fill_micro_batches_first(batch: PackedBatch, mini: int, micro: int) -> PackedBatch:
+    """The same rows, reordered so that the rows holding tokens fill whole micro-batches of the
+    train step's split (trainer/step.py `_split_rows`: row r goes to micro-batch r % (mini x
+    micro) of mini-batch (r % M) // micro) and the all-padding rows are left to the last ones,
+    which the step then skips. Every row keeps its mini-batch (PPO mini-batches stay the same
+    shares), only its micro-batch within it changes; the loss is a sum with weights fixed over
+    the whole batch, so the update is the same up to float rounding order.
+
+    The row counts of an RL batch are powers of two (`bucket_rows`): with the rows in use spread
+    over every micro-batch, as packing leaves them, about a third of each micro-batch's compute
+    went to padding. Not for setwise batches (their sets address rows by distance and each
+    group must keep its micro-batch: `class_bins`)."""
+    if batch.set_row_delta is not None:
+        raise PackingError("a setwise batch's rows cannot be reordered (set_row_delta)")
+    rows = batch.tokens.shape[0]
+    groups = mini * micro
+    if rows % groups:
+        raise PackingError(f"{rows} rows do not split into {mini} x {micro} micro-batches")
+    per_micro = rows // groups
+    used = (np.asarray(batch.segment_ids) > 0).any(axis=1)
+    source = np.arange(rows)
+    order = np.empty(rows, np.int64)  # order[target row] = source row
+    for m in range(mini):
+        mine = source[(source % groups) // micro == m]  # this mini-batch's rows
+        # Micro-batch-major targets: the first per_micro go to its first micro-batch, and so on.
+        k, j = np.divmod(np.arange(len(mine)), per_micro)
+        targets = j * groups + m * micro + k
+        order[targets] = np.concatenate([mine[used[mine]], mine[~used[mine]]])
+    return jax.tree.map(lambda x: np.asarray(x)[order], batch)
+
+
 def _anchor_sets(batch: PackedBatch, seqs: Sequence[TrainSequence], bins) -> None:
     """Points every set member at its set's anchor, the set's first token placed (row-major)."""
     rows, row_len = batch.shape

@@ -254,11 +254,16 @@ def _accumulated_gradients(graphdef, config: TrainStepConfig, shardings: TrainSt
         zeros = (zero_grads, jnp.zeros((), jnp.float32),
                  jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes))
 
-        def accumulate(carry, micro_batch):
-            grads, loss, sums = carry
+        def contribution(micro_batch):
             (_, (micro_value, micro_sums)), micro_grads = grad_fn(params, frozen, micro_batch)
-            return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_value,
-                    jax.tree.map(jnp.add, sums, micro_sums)), None
+            return micro_grads, micro_value, micro_sums
+
+        def accumulate(carry, micro_batch):
+            # An all-padding micro-batch adds exact zeros: skip its forward and backward
+            # (packing.fill_micro_batches_first leaves the padding to the last micro-batches).
+            empty = ~jnp.any(micro_batch.segment_ids != 0)
+            part = jax.lax.cond(empty, lambda _: zeros, contribution, micro_batch)
+            return jax.tree.map(jnp.add, carry, part), None
 
         return jax.lax.scan(accumulate, zeros, mini_batch)[0]
 
@@ -300,7 +305,11 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
             return loss_lib.token_logprobs(logits, micro_batch.tokens, micro_batch.segment_ids,
                                            temperature=temperature)[0]
 
-        per_micro = jax.lax.map(one, split)  # [micro, rows_per_micro, T]
+        def one_unless_empty(micro_batch):
+            return jax.lax.cond(jnp.any(micro_batch.segment_ids != 0), one,
+                                lambda b: jnp.zeros(b.tokens.shape, jnp.float32), micro_batch)
+
+        per_micro = jax.lax.map(one_unless_empty, split)  # [micro, rows_per_micro, T]
         # Undo _split_rows: row j * micro + k is row j of micro-batch k.
         return jnp.moveaxis(per_micro, 0, 1).reshape(batch.tokens.shape)
 

@@ -155,3 +155,35 @@ def test_sequences_without_gradient_are_left_out_only_when_inert():
     # All inert: the shortest stays, so the batch is never empty.
     quiet = [dataclasses.replace(s, advantage=0.0) for s in seqs]
     assert packing.trained_indices(quiet, LOSS) == [2]
+
+
+@pytest.mark.parametrize("mini,micro", [(1, 4), (2, 2), (2, 4)])
+def test_rows_in_use_fill_whole_micro_batches_within_their_mini_batch(rollout_batch, mini, micro):
+    _, _, seqs = _sequences(rollout_batch, queries=3, group=3, max_workers=3)
+    groups, rows = mini * micro, 32
+    batch = packing.pack_sequences(seqs, 64, rows=rows, loss_config=LOSS)
+    filled = packing.fill_micro_batches_first(batch, mini, micro)
+    # A permutation of whole rows (every leaf moved alike), each row within its mini-batch.
+    key = lambda b, r: (b.tokens[r].tobytes(), b.loss_weights[r].tobytes(),
+                        b.rollout_ids[r].tobytes())
+    assert sorted(key(filled, r) for r in range(rows)) == sorted(key(batch, r) for r in range(rows))
+    source = {key(batch, r): r for r in range(rows) if batch.segment_ids[r].any()}
+    for r in range(rows):
+        if filled.segment_ids[r].any():
+            assert (source[key(filled, r)] % groups) // micro == (r % groups) // micro
+    # Micro-batch k of mini m holds rows {j * groups + m * micro + k} (trainer/step._split_rows):
+    # per mini-batch, its rows in use occupy the fewest micro-batches, the first ones.
+    used = filled.segment_ids.any(axis=1).reshape(rows // groups, mini, micro)
+    per_micro = rows // groups
+    for m in range(mini):
+        in_use = int(used[:, m].sum())
+        busy = used[:, m].any(axis=0)
+        assert busy.tolist() == [k < -(-in_use // per_micro) for k in range(micro)]
+        assert used[:, m, :in_use // per_micro].all()
+    busy_before = batch.segment_ids.any(axis=1).reshape(rows // groups, groups).any(axis=0)
+    assert int(used.any(axis=0).sum()) < int(busy_before.sum())  # packing spread them out
+    with pytest.raises(packing.PackingError, match="split into"):
+        packing.fill_micro_batches_first(batch, 3, 1)
+    setwise = dataclasses.replace(batch, set_row_delta=np.zeros_like(batch.tokens))
+    with pytest.raises(packing.PackingError, match="setwise"):
+        packing.fill_micro_batches_first(setwise, mini, micro)

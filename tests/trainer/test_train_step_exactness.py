@@ -180,3 +180,27 @@ def test_sft_objective_shares_the_step_and_learns(tiny_model, sequences, meshes)
     assert losses[-1] < losses[0] - 0.1
     assert float(metrics["planner/tokens"]) + float(metrics["worker/tokens"]) == \
         batch.num_loss_tokens()
+
+
+def test_all_padding_micro_batches_are_skipped_without_changing_the_update(
+        sequences, states, gradient_fns, meshes):
+    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
+    filled = packing.fill_micro_batches_first(batch, 1, 4)
+    in_use = int(filled.segment_ids.any(axis=1).sum())
+    assert in_use <= ROWS // 2 and batch.segment_ids.any(axis=1).reshape(-1, 4).any(axis=0).all()
+    reference = gradient_fns[1, 1](states[1][1], batch)
+    # Same loss and gradients as the layout packing left (padding rows spread over every
+    # micro-batch), up to the order of the sums.
+    _assert_same(gradient_fns[8, 4](states[8][1], filled), reference)
+    # Micro-batches 2 and 3 are all padding: the step over 16 rows in 4 micro-batches equals,
+    # bit for bit, the step over micro-batches 0 and 1 alone (8 rows in 2 of the same shape).
+    assert not filled.segment_ids.reshape(-1, 4, MAX_LEN)[:, 2:].any()
+    half = jax.tree.map(lambda x: x.reshape(-1, 4, *x.shape[1:])[:, :2].reshape(-1, *x.shape[1:]),
+                        filled)
+    loss, grads, metrics = gradient_fns[8, 4](states[8][1], filled)
+    half_loss, half_grads, half_metrics = gradient_fns[8, 2](states[8][1], half)
+    assert float(loss) == float(half_loss)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(half_grads)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for key in metrics:
+        assert float(metrics[key]) == float(half_metrics[key]), key
