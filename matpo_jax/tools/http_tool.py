@@ -241,7 +241,14 @@ class HttpTool:
 
 
 def _short(url: str) -> str:
+    """A failing URL as the model reads it: host and path, or only the path for a loopback
+    service. A local service's port is picked anew each run, and an error text that carried it
+    made two runs of one seed see different tokens (the demo's workers open wrong page ids, each
+    answered by a 404 naming the port) and so decode differently."""
     parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host == "::1" or host.startswith("127."):
+        return f"the local service's {parts.path}"[:120]
     return f"{parts.netloc}{parts.path}"[:120]
 
 

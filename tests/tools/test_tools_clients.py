@@ -61,6 +61,10 @@ def test_page_reader_opens_documents_and_reports_missing_ones(search_server):
     missing = reader(id="doc-none")
     assert not missing.ok and missing.error_kind == CLIENT_ERROR
     assert "404" in missing.text and "no page with id 'doc-none'" in missing.text
+    # The service's port changes from run to run; the text the model reads must not.
+    port = search_server.url.rsplit(":", 1)[1].split("/")[0]
+    assert port not in missing.text and "127.0.0.1" not in missing.text
+    assert "HTTP 404 from the local service's /page:" in missing.text
     assert reader.metrics.snapshot() == {"open/calls": 2, "open/ok": 1, "open/error/client_error": 1}
 
 
