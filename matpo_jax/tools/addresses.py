@@ -105,7 +105,7 @@ def is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address | str) -> bool:
                                  or ip.is_link_local or ip.is_unspecified)
 
 
-def _is_local_name(host: str) -> bool:
+def is_local_name(host: str) -> bool:
     return host == "localhost" or host.endswith(".localhost")
 
 
@@ -154,7 +154,7 @@ class AddressPolicy:
         `deadline`); a name that does not resolve gets `addresses=None` (a proxy may carry it)."""
         scheme, host, port, path = parse(url)
         ip = literal_ip(host)
-        local = _is_local_name(host) or (ip is not None and not is_public(ip))
+        local = is_local_name(host) or (ip is not None and not is_public(ip))
         if (scheme, host, port) in self._allowed:
             return Target(scheme, host, port, path, None, trusted=True, direct=local)
         if local:

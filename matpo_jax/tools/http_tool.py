@@ -16,7 +16,7 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from matpo_jax.tools import redaction
+from matpo_jax.tools import addresses, redaction
 from matpo_jax.tools.addresses import AddressPolicy
 from matpo_jax.tools.cache import ToolCache, cache_key
 from matpo_jax.tools.results import (BAD_ARGUMENTS, BAD_RESPONSE, CLIENT_ERROR, INTERNAL_ERROR,
@@ -247,7 +247,8 @@ def _short(url: str) -> str:
     answered by a 404 naming the port) and so decode differently."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
-    if host == "localhost" or host == "::1" or host.startswith("127."):
+    ip = addresses.literal_ip(host)
+    if (ip is not None and ip.is_loopback) or addresses.is_local_name(host):
         return f"the local service's {parts.path}"[:120]
     return f"{parts.netloc}{parts.path}"[:120]
 
