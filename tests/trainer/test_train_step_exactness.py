@@ -206,24 +206,26 @@ def test_all_padding_micro_batches_are_skipped_without_changing_the_update(
         assert float(metrics[key]) == float(half_metrics[key]), key
 
 
-def test_reference_logprobs_skip_all_padding_micro_batches(sequences, states, meshes):
-    """make_logprob_fn (the KL reference, rollout correction) skips a micro-batch that is all
-    padding like the step does: its rows come back as zeros, and the rows in use get the
-    log-probs a single micro-batch over the whole batch gives."""
-    batch = packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS)
-    filled = packing.fill_micro_batches_first(batch, 1, 4)
+def test_reference_logprobs_with_all_padding_micro_batches_equal_one_micro_batch(
+        sequences, states, meshes):
+    """make_logprob_fn (the KL reference, rollout correction) over micro-batches of which the
+    last two are all padding (the layout fill_micro_batches_first leaves, whose skip path runs
+    there): the rows in use get the log-probs of one micro-batch over the whole batch, in their
+    own rows, and the padding rows zeros. (Skipped or not, a padding row's log-probs are zeros,
+    so this checks the skip path's results and row order, not that the skip happens.)"""
+    batch = packing.fill_micro_batches_first(
+        packing.pack_sequences(sequences, MAX_LEN, rows=ROWS, loss_config=LOSS), 1, 4)
     graphdef, state, shardings = states[8]
-    config = ts.TrainStepConfig(micro_batches=4, loss=LOSS)
-    got = ts.make_logprob_fn(graphdef, config, meshes[8], shardings)(
-        state.params, state.frozen, filled)
-    one = ts.make_logprob_fn(graphdef, ts.TrainStepConfig(micro_batches=1, loss=LOSS), meshes[8],
-                             shardings)(state.params, state.frozen, filled)
-    in_use = filled.segment_ids.any(axis=1)
-    # Rows j * 4 + k belong to micro-batch k; 2 and 3 hold no tokens, so they were skipped.
-    padding_micro = np.zeros(ROWS, bool).reshape(-1, 4)
-    padding_micro[:, 2:] = True
-    assert not in_use[padding_micro.reshape(-1)].any() and in_use.any()
-    np.testing.assert_array_equal(got[padding_micro.reshape(-1)], 0.0)
+
+    def logprobs(micro):
+        config = ts.TrainStepConfig(micro_batches=micro, loss=LOSS)
+        return ts.make_logprob_fn(graphdef, config, meshes[8], shardings)(
+            state.params, state.frozen, batch)
+
+    got, one = logprobs(4), logprobs(1)
+    in_use = batch.segment_ids.any(axis=1)
+    padding_micro = np.arange(ROWS) % 4 >= 2  # row j * 4 + k is in micro-batch k
+    assert in_use.any() and not in_use[padding_micro].any()
+    np.testing.assert_array_equal(got[padding_micro], 0.0)
     np.testing.assert_allclose(got[in_use], one[in_use], rtol=1e-5, atol=1e-6)
-    trainable = filled.loss_mask[in_use] > 0
-    assert (got[in_use][trainable] < 0).all()  # real log-probs, not the skip's zeros
+    assert (got[in_use][batch.loss_mask[in_use] > 0] < 0).all()  # real log-probs, not zeros
