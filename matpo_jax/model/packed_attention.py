@@ -1,7 +1,7 @@
 """Training-path attention: causal attention within packed segments, flash-style.
 
-Memory is linear in the sequence length: query blocks loop over the key blocks up to the diagonal
-with an online softmax, and the backward recomputes each block's probabilities from the saved
+Memory is linear in the sequence length: query blocks loop over the key blocks from the first
+one their segments reach to the diagonal, with an online softmax, and the backward recomputes each block's probabilities from the saved
 per-row log-normaliser instead of keeping them. Nothing of size [T, T] is ever live; the largest
 temporaries are one [block, block] score tile per (batch, kv head, group).
 """
@@ -43,6 +43,28 @@ def _block_bias(seg_q, seg_k, q_start, k_start, group):
     return bias.reshape(bias.shape[0], 1, group * block, block)
 
 
+def key_block_starts(segment_ids: jax.Array, block: int) -> jax.Array:
+    """[T // block] int32: for each query block, the first key block that any of its queries
+    (in any row) may attend. A query attends only keys of its own segment id, none before the
+    id's first position in the row, so the key blocks before that one are masked for every query
+    of the block: they add exact zeros to the online softmax (a later real key's correction
+    factor is exp(-1e30) = 0) and to every gradient, and skipping them changes no bit of a
+    non-padding output. Padding queries (id 0, whose outputs `packed_attention` replaces) do not
+    hold a block back; a block is never started after its own diagonal. Ids outside [0, T]:
+    every block starts at key block 0, as without the skip."""
+    batch, length = segment_ids.shape
+    position = jnp.arange(length, dtype=jnp.int32)
+    in_range = (segment_ids >= 0) & (segment_ids <= length)
+    ids = jnp.where(in_range, segment_ids, 0)
+    first = jax.vmap(lambda s: jax.ops.segment_min(position, s, num_segments=length + 1))(ids)
+    first_of_query = jnp.take_along_axis(first, ids, axis=1)  # [B, T]
+    first_of_query = jnp.where(ids == 0, length, first_of_query)  # padding: no constraint
+    blocks = length // block
+    starts = jnp.min(first_of_query.reshape(batch, blocks, block), axis=(0, 2)) // block
+    starts = jnp.minimum(starts, jnp.arange(blocks, dtype=jnp.int32))
+    return jnp.where(jnp.all(in_range), starts, 0).astype(jnp.int32)
+
+
 def _q_tile(x, start, block):
     """Rows [start, start + block) of x [B, K, G, T, ...] as [B, K, G * block, ...]."""
     tile = _tile(x, start, block, axis=3)
@@ -64,6 +86,7 @@ def _flash(q, k, v, segment_ids, block):
 def _flash_fwd(q, k, v, segment_ids, block):
     batch, kv_heads, group, length, head_dim = q.shape
     rows = group * block
+    starts = key_block_starts(segment_ids, block)
 
     def query_block(i, carry):
         out, log_norm = carry
@@ -87,8 +110,9 @@ def _flash_fwd(q, k, v, segment_ids, block):
         init = (jnp.full((batch, kv_heads, rows), -jnp.inf, jnp.float32),
                 jnp.zeros((batch, kv_heads, rows), jnp.float32),
                 jnp.zeros((batch, kv_heads, rows, head_dim), jnp.float32))
-        # Keys after the query block are all causally masked: the loop stops at the diagonal.
-        running_max, total, acc_out = jax.lax.fori_loop(0, i + 1, key_block, init)
+        # Keys after the query block are all causally masked: the loop stops at the diagonal;
+        # keys before its segments' first positions are masked too: it starts there.
+        running_max, total, acc_out = jax.lax.fori_loop(starts[i], i + 1, key_block, init)
         out_i = (acc_out / total[..., None]).astype(out.dtype)
         out = jax.lax.dynamic_update_slice_in_dim(
             out, out_i.reshape(batch, kv_heads, group, block, head_dim), lo, axis=3)
@@ -108,6 +132,7 @@ def _flash_bwd(block, residuals, d_out):
     batch, kv_heads, group, length, head_dim = q.shape
     # Softmax backward: dS = P * (dP - rowsum(P * dP)) and rowsum(P * dP) = rowsum(dO * O).
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    starts = key_block_starts(segment_ids, block)  # the forward's: skipped tiles add zeros
 
     def query_block(i, carry):
         dq, dk, dv = carry
@@ -134,7 +159,7 @@ def _flash_bwd(block, residuals, d_out):
             return dq_i, dk, dv
 
         dq_i = jnp.zeros((batch, kv_heads, group * block, head_dim), jnp.float32)
-        dq_i, dk, dv = jax.lax.fori_loop(0, i + 1, key_block, (dq_i, dk, dv))
+        dq_i, dk, dv = jax.lax.fori_loop(starts[i], i + 1, key_block, (dq_i, dk, dv))
         dq = jax.lax.dynamic_update_slice_in_dim(
             dq, dq_i.reshape(batch, kv_heads, group, block, head_dim), lo, axis=3)
         return dq, dk, dv
@@ -155,7 +180,9 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     q: [B, T, H, D]; k, v: [B, T, K, D]; segment_ids: [B, T] int. Returns [B, T, H * D], equal
     (up to float summation order) to `grouped_attention` with the dense packed mask. Query block
     [lo, hi) visits key blocks up to hi only (later keys are causally masked and contribute
-    exactly 0), so about half the [T, T] work is skipped; keys are not repeated: each query block
+    exactly 0), so about half the [T, T] work is skipped, and starts at the key block of its
+    segments' first positions (`key_block_starts`: earlier keys belong to other sequences of the
+    row, so that skip is exact to the bit); keys are not repeated: each query block
     is laid out [B, kv_heads, group * block, D] so both products are plain batched matmuls.
     Memory: O(T) residuals (q, k, v, out, a float32 log-normaliser per query row) plus one score
     tile per loop step, in the forward and in the backward (which recomputes the probabilities).

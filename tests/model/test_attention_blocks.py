@@ -67,3 +67,55 @@ def test_blockwise_bfloat16_close_to_dense():
     assert got.dtype == want.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                atol=3e-2)
+
+
+def test_key_block_starts_on_a_known_layout():
+    """Block b starts at the key block of the earliest first position of its queries' segment
+    ids over all rows; padding queries do not hold a block back, no block starts past its
+    diagonal, and ids that cannot be first-position-indexed switch the skip off."""
+    from matpo_jax.model.packed_attention import key_block_starts
+    seg = jnp.asarray([[1, 1, 1, 2, 2, 2, 3, 3],
+                       [1, 1, 2, 2, 2, 2, 0, 0]])
+    # block 2 (positions 4, 5): segment 2 starts at 3 (row 0) and 2 (row 1): key block 1.
+    # block 3: segment 3 starts at 6; row 1 is padding there.
+    np.testing.assert_array_equal(key_block_starts(seg, 2), [0, 0, 1, 3])
+    only_padding_late = jnp.asarray([[1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(key_block_starts(only_padding_late, 2), [0, 0, 2, 3])
+    # An id reused after another segment: its first position (0) bounds the block.
+    reused = jnp.asarray([[1, 1, 2, 2, 2, 2, 1, 1]])
+    np.testing.assert_array_equal(key_block_starts(reused, 2), [0, 1, 1, 0])
+    np.testing.assert_array_equal(key_block_starts(jnp.asarray([[1, 1, 9, 9]]), 2), [0, 0])
+    np.testing.assert_array_equal(key_block_starts(jnp.asarray([[1, 1, -2, -2]]), 2), [0, 0])
+
+
+def test_skipping_masked_key_blocks_changes_no_bit(monkeypatch):
+    """The loops start at `key_block_starts` instead of key block 0: outputs at non-padding
+    positions and all three gradients are bitwise those of the loops that visit every key
+    block up to the diagonal (what is skipped adds exact zeros), on layouts where blocks do
+    start late: long segments, padding at row ends and a reused id."""
+    from matpo_jax.model import packed_attention as attention
+    rng = np.random.default_rng(7)
+    batch, length, block, heads, kv_heads, head_dim = 2, 96, 16, 4, 2, 8
+    seg = np.zeros((batch, length), np.int32)
+    seg[0, :40], seg[0, 40:90] = 1, 2
+    seg[1, :20], seg[1, 20:64], seg[1, 64:80], seg[1, 80:] = 1, 2, 3, 1
+    seg = jnp.asarray(seg)
+    assert int(attention.key_block_starts(seg, block).max()) > 0
+    q = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32)
+            for _ in range(2))
+    # The loss ignores padding outputs, as the train step's does.
+    cot = jnp.asarray(rng.standard_normal((batch, length, heads * head_dim)), jnp.float32)
+    cot = cot * (seg != 0)[..., None]
+
+    def run():
+        out, vjp = jax.vjp(lambda a, b, c: packed_attention(a, b, c, seg, block=block), q, k, v)
+        return (jnp.where((seg != 0)[..., None], out, 0.0), *vjp(cot))
+
+    skipping = jax.jit(run)()
+    monkeypatch.setattr(attention, "key_block_starts",
+                        lambda segment_ids, block: jnp.zeros(segment_ids.shape[1] // block,
+                                                             jnp.int32))
+    every_block = jax.jit(run)()
+    for name, got, want in zip(["out", "dq", "dk", "dv"], skipping, every_block):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=name)
