@@ -195,13 +195,62 @@ def next_token_logprobs(hidden: jax.Array, head: jax.Array, tokens: jax.Array,
             jnp.pad(predictable, pad))
 
 
+def scored_next_token_logprobs(hidden: jax.Array, head: jax.Array, tokens: jax.Array,
+                               segment_ids: jax.Array, scored: jax.Array, capacity: int, *,
+                               temperature: float = 1.0, with_entropy: bool = False,
+                               entropy_gradient: bool = True, seq_block: int = SEQ_BLOCK,
+                               vocab_block: int = VOCAB_BLOCK):
+    """`next_token_logprobs` at the `scored` positions ([B, T] bool) only, 0 elsewhere.
+
+    A loss reads the log-probs of its trained tokens alone (an SFT row trains ~15% of its
+    positions, an RL row the sampled turns, not the prompts and tool responses), yet the output
+    head and its log-softmax cost as much per position as a decoder layer. Here each row's scored
+    positions are gathered first (in order, `capacity` slots a row) and only the hidden states
+    that predict them go through the head. A batch with a row of more than `capacity` scored
+    positions takes the whole-row path instead (a `lax.cond`), so the values never depend on the
+    capacity; either way they equal `next_token_logprobs` up to float summation order."""
+    batch, length, _ = hidden.shape
+    predictable = jnp.pad((segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0),
+                          ((0, 0), (1, 0)))
+    wanted = scored & predictable
+    counts = jnp.sum(wanted, axis=1)
+    capacity = min(capacity, length)
+    kwargs = dict(temperature=temperature, with_entropy=with_entropy,
+                  entropy_gradient=entropy_gradient, vocab_block=vocab_block)
+
+    def gathered(_):
+        # The scored positions first, in order; the rest of the slots hold unscored ones.
+        order = jnp.argsort(~wanted, axis=1, stable=True)[:, :capacity]
+        used = jnp.arange(capacity)[None] < counts[:, None]
+        source = jnp.maximum(order - 1, 0)  # position t is predicted by the state at t - 1
+        logp, entropy = target_logprobs(
+            jnp.take_along_axis(hidden, source[..., None], axis=1), head,
+            jnp.take_along_axis(tokens, order, axis=1), seq_block=min(seq_block, capacity),
+            **kwargs)
+        rows = jnp.arange(batch)[:, None]
+        place = lambda x: jnp.zeros((batch, length), jnp.float32).at[rows, order].set(  # noqa: E731
+            jnp.where(used, x, 0.0))
+        return place(logp), place(entropy)
+
+    def whole_rows(_):
+        logp, entropy, _ = next_token_logprobs(hidden, head, tokens, segment_ids,
+                                               seq_block=seq_block, **kwargs)
+        return jnp.where(wanted, logp, 0.0), jnp.where(wanted, entropy, 0.0)
+
+    logp, entropy = jax.lax.cond(jnp.all(counts <= capacity), gathered, whole_rows, None)
+    return logp, entropy, predictable
+
+
 def score_tokens(model, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array, *,
                  temperature: float = 1.0, with_entropy: bool = False,
                  entropy_gradient: bool = True, remat: str = "none", scan_layers: bool = False,
-                 seq_block: int = SEQ_BLOCK, vocab_block: int = VOCAB_BLOCK):
+                 seq_block: int = SEQ_BLOCK, vocab_block: int = VOCAB_BLOCK,
+                 scored: jax.Array | None = None, scored_capacity: int | None = None):
     """`next_token_logprobs` of packed rows under a `Qwen3ForCausalLM`: its decoder (with the
-    `remat` policy per layer, optionally scanned), then the blockwise log-softmax of its output head. For the train
-    step, and for reference-policy log-probs at the sampling temperature."""
+    `remat` policy per layer, optionally scanned), then the blockwise log-softmax of its output
+    head. For the train step, and for reference-policy log-probs at the sampling temperature.
+    scored: [B, T] bool, the positions the caller reads (the others are returned as 0): the head
+    then runs on those only (`scored_next_token_logprobs`, scored_capacity slots a row)."""
     hidden = model.hidden_states(tokens, positions, segment_ids, remat=remat,
                                  scan_layers=scan_layers)
     if not isinstance(temperature, (int, float)):
@@ -209,7 +258,10 @@ def score_tokens(model, tokens: jax.Array, positions: jax.Array, segment_ids: ja
         # logits / T_t = (hidden_t / T_t) @ head, so the blockwise kernel runs at 1.
         hidden = (hidden.astype(jnp.float32) / temperature[..., None]).astype(hidden.dtype)
         temperature = 1.0
-    return next_token_logprobs(hidden, model.head_kernel(hidden.dtype), tokens, segment_ids,
-                               temperature=temperature, with_entropy=with_entropy,
-                               entropy_gradient=entropy_gradient, seq_block=seq_block,
-                               vocab_block=vocab_block)
+    kwargs = dict(temperature=temperature, with_entropy=with_entropy,
+                  entropy_gradient=entropy_gradient, seq_block=seq_block, vocab_block=vocab_block)
+    head = model.head_kernel(hidden.dtype)
+    if scored is None:
+        return next_token_logprobs(hidden, head, tokens, segment_ids, **kwargs)
+    return scored_next_token_logprobs(hidden, head, tokens, segment_ids, scored,
+                                      scored_capacity or tokens.shape[1], **kwargs)

@@ -340,6 +340,13 @@ def sft_loss(logits, batch, config: LossConfig | None = None):
     return sft_objective(logp, batch)
 
 
+def scored_capacity(row_length: int) -> int:
+    """Positions a row sends through the output head in the train step: a quarter of the row
+    (a multiple of 128). Rows scoring more make that micro-batch take the whole-row path
+    (`logprobs.scored_next_token_logprobs`), so this sets the cost, never the values."""
+    return min(row_length, -(-row_length // (4 * 128)) * 128)
+
+
 def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
                     temperature: float = 1.0, worker_temperature: float | None = None,
                     remat: str = "none", scan_layers: bool = False,
@@ -350,12 +357,14 @@ def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
     [B, T, V] logits never exist). RL log-probs at the rollout's sampling `temperature`; SFT at 1.
     """
     rl = objective == "rl"
+    # Both objectives read log-probs (and entropies) at loss-mask positions only.
     logp, entropy, _ = logprobs_lib.score_tokens(
         model, batch.tokens, batch.positions, batch.segment_ids,
         temperature=role_temperatures(batch.role_ids, temperature, worker_temperature) if rl
         else 1.0, with_entropy=rl and needs_entropy(config),
         entropy_gradient=rl and config.entropy_coef > 0, remat=remat, scan_layers=scan_layers,
-        seq_block=seq_block, vocab_block=vocab_block)
+        seq_block=seq_block, vocab_block=vocab_block, scored=batch.loss_mask != 0,
+        scored_capacity=scored_capacity(batch.tokens.shape[1]))
     return policy_objective(logp, entropy, batch, config) if rl else sft_objective(logp, batch)
 
 

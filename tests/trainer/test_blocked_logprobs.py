@@ -54,6 +54,58 @@ def test_blocked_equals_dense_values_entropy_and_gradients(temperature):
     assert float(jnp.abs(got_grads[1]).max()) > 0
 
 
+@pytest.mark.parametrize("capacity", [12, 5])
+def test_scored_positions_equal_the_whole_rows(capacity):
+    """The head on gathered scored positions (capacity 12 holds every row's; 5 does not, and the
+    batch takes the whole-row path): the same log-probs and entropies at scored positions, 0 at
+    the others, and the same gradients, at T = 0.7, with a segment boundary, padding and a
+    scored position that cannot be predicted (a segment's first token)."""
+    rng = np.random.default_rng(3)
+    batch, length, width, vocab = 2, 30, 16, 96
+    hidden = jnp.asarray(rng.normal(size=(batch, length, width)), jnp.float32)
+    head = jnp.asarray(rng.normal(size=(width, vocab)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, vocab, (batch, length)))
+    segments = jnp.asarray([[1] * 14 + [2] * 12 + [0] * 4, [5] * 30])
+    scored = np.zeros((batch, length), bool)
+    scored[0, [3, 4, 5, 14, 15, 20, 27]] = True  # 14: first of segment 2; 27: padding
+    scored[1, 2:12] = True
+    scored = jnp.asarray(scored)
+    weights = [jnp.asarray(rng.normal(size=(batch, length)), jnp.float32) for _ in range(2)]
+    kwargs = dict(temperature=0.7, with_entropy=True, seq_block=8, vocab_block=20)
+
+    def objective(values):
+        return jnp.sum(values[0] * weights[0]) + jnp.sum(values[1] * weights[1])
+
+    def whole(hidden, head):
+        logp, entropy, predictable = logprobs_lib.next_token_logprobs(hidden, head, tokens,
+                                                                      segments, **kwargs)
+        values = (jnp.where(scored, logp, 0.0), jnp.where(scored, entropy, 0.0), predictable)
+        return objective(values), values
+
+    def gathered(hidden, head):
+        values = logprobs_lib.scored_next_token_logprobs(hidden, head, tokens, segments, scored,
+                                                         capacity, **kwargs)
+        return objective(values), values
+
+    (_, want), want_grads = jax.jit(jax.value_and_grad(whole, (0, 1), has_aux=True))(hidden, head)
+    (_, got), got_grads = jax.jit(jax.value_and_grad(gathered, (0, 1), has_aux=True))(hidden,
+                                                                                     head)
+    np.testing.assert_array_equal(got[2], want[2])
+    for g, w in zip(got[:2], want[:2]):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    assert np.all(np.asarray(got[0])[~np.asarray(scored & want[2])] == 0)
+    assert np.count_nonzero(np.asarray(got[0])) == int(jnp.sum(scored & want[2])) == 15
+    for g, w in zip(got_grads, want_grads):
+        assert _relative_error(g, w) < 1e-5
+
+
+def test_scored_capacity_is_a_quarter_row_of_whole_tiles():
+    assert loss_lib.scored_capacity(1024) == 256
+    assert loss_lib.scored_capacity(40960) == 10240
+    assert loss_lib.scored_capacity(1000) == 256
+    assert loss_lib.scored_capacity(40) == 40  # short rows: the whole row
+
+
 def test_vocab_blocks_divide_the_vocabulary():
     assert logprobs_lib.vocab_block_count(151936) == 32  # 32 blocks of 4,748 columns
     assert logprobs_lib.vocab_block_count(128, 64) == 2
