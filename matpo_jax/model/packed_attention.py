@@ -1,8 +1,8 @@
 """Training-path attention: causal attention within packed segments, flash-style.
 
 Memory is linear in the sequence length: query blocks loop over the key blocks from the first
-one their segments reach to the diagonal, with an online softmax, and the backward recomputes each block's probabilities from the saved
-per-row log-normaliser instead of keeping them. Nothing of size [T, T] is ever live; the largest
+one their segments reach to the diagonal, with an online softmax, and the backward recomputes
+each block's probabilities from the saved per-row log-normaliser instead of keeping them. Nothing of size [T, T] is ever live; the largest
 temporaries are one [block, block] score tile per (batch, kv head, group).
 """
 from __future__ import annotations

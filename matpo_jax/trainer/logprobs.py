@@ -188,11 +188,16 @@ def next_token_logprobs(hidden: jax.Array, head: jax.Array, tokens: jax.Array,
                                     with_entropy=with_entropy,
                                     entropy_gradient=entropy_gradient, seq_block=seq_block,
                                     vocab_block=vocab_block)
-    predictable = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
-    pad = ((0, 0), (1, 0))
-    return (jnp.pad(jnp.where(predictable, logp[:, :-1], 0.0), pad),
-            jnp.pad(jnp.where(predictable, entropy[:, :-1], 0.0), pad),
-            jnp.pad(predictable, pad))
+    predictable = predictable_positions(segment_ids)
+    shift = lambda x: jnp.pad(x[:, :-1], ((0, 0), (1, 0)))  # noqa: E731  value at t from t - 1
+    return (jnp.where(predictable, shift(logp), 0.0), jnp.where(predictable, shift(entropy), 0.0),
+            predictable)
+
+
+def predictable_positions(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] bool: position t can be scored, t - 1 lying in the same non-padding segment."""
+    same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
+    return jnp.pad(same, ((0, 0), (1, 0)))
 
 
 def scored_next_token_logprobs(hidden: jax.Array, head: jax.Array, tokens: jax.Array,
@@ -210,8 +215,7 @@ def scored_next_token_logprobs(hidden: jax.Array, head: jax.Array, tokens: jax.A
     positions takes the whole-row path instead (a `lax.cond`), so the values never depend on the
     capacity; either way they equal `next_token_logprobs` up to float summation order."""
     batch, length, _ = hidden.shape
-    predictable = jnp.pad((segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0),
-                          ((0, 0), (1, 0)))
+    predictable = predictable_positions(segment_ids)
     wanted = scored & predictable
     counts = jnp.sum(wanted, axis=1)
     capacity = min(capacity, length)
