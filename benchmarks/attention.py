@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
-from matpo_jax.model import qwen3
+from matpo_jax.model import packed_attention, qwen3
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -223,7 +223,7 @@ def main():
                 ("model", "30M", MODEL_30M, 4, 1024, max(3, r - 2))]
     rows = [compare(*p) for p in plan]
     meta = dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__,
-                backend=jax.default_backend(), block=qwen3.ATTENTION_BLOCK,
+                backend=jax.default_backend(), block=packed_attention.ATTENTION_BLOCK,
                 date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
