@@ -387,7 +387,7 @@ def _decode_step(model, s: _LoopState, rng, profiles: ProfileValues, truncation:
     rows = jnp.arange(slots)
     full = s.cache.lengths >= max_len
     sampling_rows = s.active & ~full
-    keys = draw_keys(rng, s.stream, s.cache.lengths)
+    keys = functools.partial(draw_keys, rng, s.stream, s.cache.lengths)  # only when sampling
     tokens, logprobs = sample_with_profiles(s.logits, keys, profiles, s.profile, truncation)
     # Rows that do not sample write to column max_turn, which mode="drop" discards.
     column = jnp.where(sampling_rows, s.turn_len, max_turn)
