@@ -174,6 +174,15 @@ def from_scratch(cfg: ExperimentConfig) -> ExperimentConfig:
         cfg.model, hf_checkpoint=None, hf_checkpoint_sha256="", tokenizer=None))
 
 
+def machine_description() -> dict:
+    """Where the weights were computed: float rounding differs by processor, so a rebuild on
+    another kind of machine gives other bytes (and another sha256) of like accuracy."""
+    device = jax.devices()[0]
+    return {"platform": device.platform, "device_kind": device.device_kind,
+            "device_count": jax.device_count(), "jax": jax.__version__,
+            "matmul_precision": str(jax.config.jax_default_matmul_precision)}
+
+
 def run_pretrain(cfg: ExperimentConfig, workdir: str, out_dir: str, *,
                  command: str = "") -> dict:
     """Trains (or resumes) the reading warm start and writes it to `out_dir`; its summary."""
@@ -205,7 +214,8 @@ def run_pretrain(cfg: ExperimentConfig, workdir: str, out_dir: str, *,
                "parameters": int(sum(x.size for x in jax.tree.leaves(state.params))),
                "steps": cfg.pretrain.steps, "pretrain": dataclasses.asdict(cfg.pretrain),
                "world": world_config(cfg).world_kwargs(), "accuracy": accuracy,
-               "wall_s": round(time.time() - started, 1), "command": command}
+               "wall_s": round(time.time() - started, 1), "command": command,
+               "machine": machine_description()}
     with open(os.path.join(out_dir, WARM_START_FILE), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1, sort_keys=True)
     return summary

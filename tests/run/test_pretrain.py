@@ -87,6 +87,7 @@ def test_a_shrunk_warm_start_rebuilds_and_a_run_refuses_other_bytes(tmp_path):
     summary = json.loads((out / WARM_START_FILE).read_text())
     assert summary["sha256"] == file_sha256(out / "model.safetensors")
     assert summary["steps"] == 6 and 0.0 <= summary["accuracy"]["pretrain/first_fact_exact/all"] <= 1
+    assert summary["machine"]["platform"] == "cpu" and summary["machine"]["jax"]  # where it was made
     # Rerun: the finished phase resumes from its last checkpoint: the same bytes.
     _pretrain(tmp_path, tmp_path / "again")
     assert file_sha256(tmp_path / "again" / "model.safetensors") == summary["sha256"]
