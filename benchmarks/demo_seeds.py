@@ -5,8 +5,7 @@
 
 Per run: validation accuracy (all / 1 hop / 2 hops) after SFT and after RL (eval/sft.json,
 eval/final.json), the gain, workers per question, the 96-question curve (eval/stepN.json) and
-the wall time between the run's first and last log lines (start.txt / end.txt markers when the
-caller wrote them). Prints a markdown table; --out also writes everything as JSON.
+the run's wall time when the caller wrote `date +%s` into RUN.start and RUN.end beside it. Prints a markdown table; --out also writes everything as JSON.
 """
 from __future__ import annotations
 
@@ -93,9 +92,10 @@ def main(argv):
     if _OUT.value:
         gains = [r["gain"] for r in runs.values()]
         after = [r["after_rl"]["accuracy"] for r in runs.values()]
+        start = [r["after_sft"]["accuracy"] for r in runs.values()]
         result = {"what": _WHAT.value, "runs_dirs": _RUNS.value, "runs": runs,
-                  "summary": {"after_sft": mean_sd([r["after_sft"]["accuracy"] for r in runs.values()]),
-                              "after_rl": mean_sd(after), "gain": mean_sd(gains, "+"),
+                  "summary": {"after_sft": mean_sd(start), "after_rl": mean_sd(after),
+                              "gain": mean_sd(gains, "+"),
                               "min_gain": min(gains), "min_after_rl": min(after)},
                   "table_md": table(runs)}
         with open(_OUT.value, "w", encoding="utf-8") as f:
