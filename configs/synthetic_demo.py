@@ -8,7 +8,7 @@ roles' protocol (rehearsing reading on its copy steps), and RL starts from a pol
 
   python -m matpo_jax.demo --config=configs/synthetic_demo.py --workdir=runs/demo
   rebuild the warm start (then set WARM_START_SHA256 to the sha256 it prints; another kind of
-  machine computes other bytes of like accuracy, warm_start.json says where these were made):
+  machine computes other bytes, warm_start.json says where these were made):
   python -m matpo_jax.pretrain --config=configs/synthetic_demo.py --out=warm_starts/synthetic_tiny
 """
 import os
@@ -25,7 +25,8 @@ def get_config(arg=None):
     c.model.hf_checkpoint = WARM_START
     c.model.hf_checkpoint_sha256 = WARM_START_SHA256
     # The warm start's recipe: 16 rows a step read better than 4 for the same wall time
-    # (docs/embedded_default.md: 76.8% vs 57.6% of held-out whole-page tasks after ~6 minutes).
+    # (docs/embedded_default.md: 76.8% vs 57.6% of held-out whole-page tasks after ~6 minutes
+    # each on one GPU).
     c.pretrain.update(steps=1400, batch_size=16, lr=3e-3)
     # The protocol, not reading: half synthetic_tiny's SFT steps, reading tasks rehearsed on
     # every 4th step instead of copy spans (SFT alone erodes what the warm start can do). 500

@@ -176,7 +176,7 @@ def from_scratch(cfg: ExperimentConfig) -> ExperimentConfig:
 
 def machine_description() -> dict:
     """Where the weights were computed: float rounding differs by processor, so a rebuild on
-    another kind of machine gives other bytes (and another sha256) of like accuracy."""
+    another kind of machine gives other bytes (and another sha256)."""
     device = jax.devices()[0]
     return {"platform": device.platform, "device_kind": device.device_kind,
             "device_count": jax.device_count(), "jax": jax.__version__,
