@@ -252,8 +252,16 @@ def test_tiny_run_on_gcs_workdir_and_its_rerun_resumes_from_there(gcs_server, gc
     assert len(results) == 2 and all(r["grader"] == "exact" for r in results)
     assert len(jsonl(read_object(gcs_server, f"{bench}/synthetic_multihop/"
                                              f"{TRANSCRIPTS_FILE}"))) == 2
-    assert "| synthetic_multihop | all | 2 |" in read_object(
-        gcs_server, f"{bench}/{summary_lib.REPORT_MD}").decode()
+    report = read_object(gcs_server, f"{bench}/{summary_lib.REPORT_MD}").decode()
+    assert "| synthetic_multihop | all | 2 |" in report
+    # The synthetic world's wrong answers traced to their first failed step, beside the transcripts
+    # and in the report: every sample counted once.
+    from matpo_jax.run.eval import failures
+    diagnosis = json.loads(read_object(gcs_server, f"{bench}/synthetic_multihop/"
+                                                   f"{failures.FAILURES_JSON}"))
+    assert diagnosis["samples"] == 2 and sum(r["samples"] for r in diagnosis["rows"]) == 2
+    table = read_object(gcs_server, f"{bench}/synthetic_multihop/{failures.FAILURES_MD}").decode()
+    assert "| first failed step |" in table and table in report
 
 
 def test_a_gcs_workdir_that_cannot_be_written_is_one_line(gcs_server, gcs_root):

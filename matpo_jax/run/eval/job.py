@@ -11,7 +11,9 @@ temperature `eval.temperature`), the tools (`tools.*`; the local search service 
 data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge (`reward.judge_url`,
 `reward.judge_model`, `reward.judge_api_key_env`). Each dataset goes through the evaluator a run
 uses for a benchmark (benchmark.BenchmarkEvaluator), K samples per question: output in
-<workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md.
+<workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md. The
+synthetic world's wrong answers are also traced to their first failed step (failures.py:
+failures.md beside its transcripts, and the table in report.md).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
 from matpo_jax.report import files
+from matpo_jax.data import synthetic_world
+from matpo_jax.run.eval import failures
 from matpo_jax.run.eval import summary as summary_lib
 from matpo_jax.run.eval.benchmark import BenchmarkEvaluator
 from matpo_jax.run.eval.collect import Policy
@@ -149,6 +153,19 @@ def output_name(name: str, config) -> str:
 
 # ----------------------------------------------------------------------------- the job
 
+def _diagnoses(workdir: str, specs, world_assets) -> str:
+    """The failure tables of the synthetic world's evaluations (markdown, for report.md)."""
+    sections = []
+    for name, config in specs:
+        if name != loader_lib.SYNTHETIC:
+            continue
+        label = output_name(name, config)
+        world = synthetic_world.build_world(**world_assets.config.world_kwargs())
+        table = failures.write_diagnosis(os.path.join(workdir, label), world)
+        sections.append(f"## {label}: the first failed step of each sample\n\n{table}")
+    return "\n".join(sections)
+
+
 def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
     """Evaluates every dataset of `options` and writes <workdir>/report.md; returns the numbers
     per dataset and group (summary.GroupSummary as dicts)."""
@@ -199,6 +216,7 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}; "
                   f"mode: {rollout_cfg.mode}; samples: {options.samples}; temperature: "
                   f"{rollout_cfg.temperature:g}; grader: {grader.method}")
-        summary_lib.write_report(options.workdir, summaries, header)
+        footer = _diagnoses(options.workdir, specs, world_assets)
+        summary_lib.write_report(options.workdir, summaries, header, footer)
     return {label: {group: dataclasses.asdict(s) for group, s in groups.items()}
             for label, groups in summaries.items()}

@@ -106,11 +106,13 @@ def markdown_table(summaries: Mapping[str, Mapping[str, GroupSummary]]) -> str:
 
 
 def write_report(out_dir: str, summaries: Mapping[str, Mapping[str, GroupSummary]],
-                 header: str = "") -> str:
-    """report.md (the table) and report.json (the numbers) in `out_dir`; returns the table."""
+                 header: str = "", footer: str = "") -> str:
+    """report.md (header, the table, footer) and report.json (the numbers) in `out_dir`; returns
+    the table."""
     table = markdown_table(summaries)
     files.write_text_atomic(os.path.join(out_dir, REPORT_MD),
-                            (header + "\n\n" if header else "") + table)
+                            (header + "\n\n" if header else "") + table
+                            + ("\n" + footer if footer else ""))
     numbers = {dataset: {name: dataclasses.asdict(s) for name, s in groups.items()}
                for dataset, groups in summaries.items()}
     # nan is written as NaN (json's default)
