@@ -390,6 +390,10 @@ class SFTSection(Section):
                                    range=UNIT)
     wrong_open: float = setting(0.1, "oracle detours per hop: open a wrong result first",
                                 range=UNIT)
+    # Off: the single agent answers straight from the pages (the grid before Dec 4, docs/repro).
+    single_states_facts: bool = setting(True, "single-agent demonstrations state each fact line "
+                                        "they read before the next call or the answer, as a "
+                                        "worker does")
     # Copy pre-training (run/copy_pretraining.py): "span, separator, same span" rows cut from the
     # world's corpus, loss on the repeat only, before SFT step 0 with its own optimizer.
     copy_steps: int = setting(0, "copy pre-training steps before SFT (0: off)", range=NON_NEGATIVE)

@@ -128,9 +128,12 @@ class Oracle:
 
     def __init__(self, search: SearchFn, open_page: OpenFn, *, role_prompts: RolePrompts | None = None,
                  imperfection: Imperfection = Imperfection(), num_results: int = 5,
-                 max_results: int = 10, seed: int = 0, fact_style: str = "varied"):
+                 max_results: int = 10, seed: int = 0, fact_style: str = "varied",
+                 single_states_facts: bool = True):
         self.search = search
         self.fact_style = fact_style  # the world's (synthetic_world.FACT_STYLES): how facts read
+        # The single agent writes each hop's fact line as a worker does (see single()).
+        self.single_states_facts = single_states_facts
         self.open_page = open_page
         self.prompts = role_prompts or default_prompts()
         self.imperfection = imperfection
@@ -175,12 +178,7 @@ class Oracle:
         messages = [{"role": "system", "content": self.prompts.worker_system},
                     {"role": "user", "content": self.prompts.recap(main_task, hop.subtask)}]
         solved = self._research_hop(hop, messages, rng)
-        if self.fact_style == "plain":  # the page's own line, so the worker copies it
-            fact = plain_template(RELATION_BY_PHRASE[hop.relation]).format(
-                s=hop.subject_name, o=hop.answer)
-            statement = f"Fact: {fact}"
-        else:
-            fact = statement = f"The {hop.relation} of {hop.subject_name} is {hop.answer}."
+        fact, statement = self._fact(hop)
         if not solved:
             statement = f"I could not find the {hop.relation} of {hop.subject_name}."
         messages.append(_assistant(statement))
@@ -214,14 +212,38 @@ class Oracle:
         return Demonstration(role=PLANNER, messages=messages, answer=answer, solved=solved,
                              workers=workers)
 
+    def _fact(self, hop: Hop) -> tuple[str, str]:
+        """(the fact, the statement of it) for a hop whose page was read."""
+        if self.fact_style == "plain":  # the page's own line, so the reader copies it
+            fact = plain_template(RELATION_BY_PHRASE[hop.relation]).format(
+                s=hop.subject_name, o=hop.answer)
+            return fact, f"Fact: {fact}"
+        fact = f"The {hop.relation} of {hop.subject_name} is {hop.answer}."
+        return fact, fact
+
     def single(self, question: Question) -> Demonstration:
-        """Single agent: every search and open of every hop in one context."""
+        """Single agent: every search and open of every hop in one context. With
+        single_states_facts it states each fact line it read as a worker does, at the start of
+        its next turn (before the next hop's first call, or before the answer): a turn without a
+        tool call would end its episode. So it reads a page the way the warm start learnt to, and
+        copies the answer from its own statement, as a planner copies it from a report."""
         messages = [{"role": "system", "content": self.prompts.single_system},
                     {"role": "user", "content": self.prompts.question(question.question)}]
         rng = self._rng(SINGLE, question.id)
-        solved = all(self._research_hop(hop, messages, rng) for hop in question.hops)
+        solved, statement = True, None
+        for hop in question.hops:
+            first = len(messages)
+            if not self._research_hop(hop, messages, rng):
+                solved = False
+                break
+            if statement is not None:
+                messages[first]["content"] = f"{statement}\n{messages[first]['content']}"
+            statement = self._fact(hop)[1] if self.single_states_facts else None
         answer = question.answer if solved else "unknown"
-        messages.append(_assistant(final_answer(answer)))
+        closing = final_answer(answer)
+        if solved and statement is not None:
+            closing = f"{statement}\n{closing}"
+        messages.append(_assistant(closing))
         return Demonstration(role=SINGLE, messages=messages, answer=answer, solved=solved)
 
 

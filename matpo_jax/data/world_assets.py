@@ -70,7 +70,10 @@ def _tokenizer_texts(builder, corpus_path: str) -> list[str]:
     texts = [page["contents"] for page in pages] + [f'(id: "{page["id"]}")' for page in pages]
     world = synthetic_world.build_world(**builder.builder_config.world_kwargs())
     tools = LocalCorpusTools(world.documents)
-    oracle = Oracle(tools.search, tools.open, fact_style=builder.builder_config.fact_style)
+    # The single agent's fact lines are the workers' lines again; leaving them out keeps the
+    # texts, and so the trained tokenizer, what they were before the single agent stated them.
+    oracle = Oracle(tools.search, tools.open, fact_style=builder.builder_config.fact_style,
+                    single_states_facts=False)
     for question in world.questions["train"][:TOKENIZER_DEMOS]:
         for demo in (oracle.planner(question), oracle.single(question)):
             texts += [m["content"] for m in demo.messages]

@@ -224,3 +224,26 @@ def test_ablation_prompts_write_demonstrations_as_the_ablated_rollout_reads(
             if not summary:
                 assert worker.report == worker.messages[-1]["content"]
                 assert worker.report.startswith("Fact: ")
+
+
+def test_single_agent_states_each_fact_it_read_before_moving_on(small_world_kwargs):
+    from matpo_jax.data.synthetic_world import build_world
+    world = build_world(seed=7, noise=1.0, fact_style="plain", **small_world_kwargs)
+    tools = LocalCorpusTools(world.documents)
+    stating = Oracle(tools.search, tools.open, role_prompts=PROMPTS, fact_style="plain")
+    silent = Oracle(tools.search, tools.open, role_prompts=PROMPTS, fact_style="plain",
+                    single_states_facts=False)
+    for q in _sample(world, per_hop=2):
+        demo, before = stating.single(q), silent.single(q)
+        assert demo.solved and before.solved
+        messages = demo.messages
+        for hop in q.hops:  # the turn right after the hop's page begins with its fact line
+            page = next(i for i, m in enumerate(messages)
+                        if m["role"] == "tool" and m["content"].startswith(hop.doc_id))
+            assert messages[page + 1]["role"] == "assistant"
+            assert messages[page + 1]["content"].startswith(
+                f"Fact: {hop.subject_name} {hop.relation} {hop.answer}.\n")
+        assert extract_boxed(messages[-1]["content"]) == q.answer
+        # The same calls as the agent that answers straight from the pages, which states nothing.
+        assert _tool_calls(messages, [SEARCH, OPEN]) == _tool_calls(before.messages, [SEARCH, OPEN])
+        assert not any("Fact:" in m["content"] for m in before.messages if m["role"] == "assistant")
