@@ -201,3 +201,24 @@ def test_the_diagnosis_is_written_beside_the_transcripts(tmp_path, world, oracle
     assert saved["samples"] == 2 and saved["accuracy"] == 0.5
     assert {r["stage"]: r["samples"] for r in saved["rows"]} == {
         failures.WRONG_FINAL_ANSWER: 1, failures.CORRECT: 1}
+
+
+def test_a_step_failed_for_want_of_context_is_named_so(world, oracle, chat_format):
+    q = _questions(world, 2)[0]
+    single = oracle.single(q)
+    # The single agent stopped at the context limit after its first hop: no second page.
+    first_hop_end = next(i for i, m in enumerate(single.messages)
+                         if m["role"] == "tool" and m["content"].startswith(q.hops[0].doc_id))
+    single.messages = single.messages[:first_hop_end + 1]
+    record = _record(q, single, chat_format)
+    assert failures.diagnose(record, q, world).stage == failures.PAGE_NOT_LISTED
+    record["agents"][0]["finish_reason"] = "max_context"
+    diagnosis = failures.diagnose(record, q, world)
+    assert (diagnosis.stage, diagnosis.hop) == (failures.CONTEXT_FULL, 2)
+    # A worker out of room before its page: the step is the worker's.
+    demo = _solved_planner(oracle, q)
+    worker = demo.workers[1]
+    worker.messages = worker.messages[:3]  # its search call and the listing only
+    record = _record(q, demo, chat_format)
+    record["agents"][2]["finish_reason"] = "max_context"
+    assert failures.diagnose(record, q, world).stage == failures.CONTEXT_FULL

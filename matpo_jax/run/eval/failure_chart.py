@@ -22,7 +22,7 @@ from matpo_jax.run.eval import failures
 # Correct first, in green; then the steps in episode order, each in a colour of its own (the same
 # in every chart; no green among them).
 STAGE_ORDER = (failures.CORRECT,) + tuple(s for s in failures.STAGES if s != failures.CORRECT)
-_FAILURE_COLOURS = ("C0", "C1", "C3", "C4", "C5", "C6", "C7", "C8", "C9", "navy", "gold")
+_FAILURE_COLOURS = ("C0", "C1", "C3", "C4", "C5", "C6", "C7", "C8", "C9", "navy", "black")
 STAGE_COLOURS = {failures.CORRECT: "tab:green",
                  **dict(zip(STAGE_ORDER[1:], _FAILURE_COLOURS))}
 

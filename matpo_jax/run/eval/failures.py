@@ -17,6 +17,8 @@ that failed instead of being one number; evaluate writes the table beside the tr
     worker    opened another page / opened no page
     worker    wrong value reported: the right page was opened, the report lacks the value
     planner   wrong final answer: every hop right, the boxed answer is not the gold one
+    either    context full: the agent that failed the step had run out of context
+              (`max_context`) - the single agent's failure mode the paper names
 
 A single agent runs the page steps over its one context, then the final answer. Only the
 transcript is read; the decoded chat markup is Qwen3's (what matpo_jax.chat writes).
@@ -30,6 +32,7 @@ import os
 import re
 from typing import Iterable, Mapping, Sequence
 
+from matpo_jax.agents.rollout import MAX_CONTEXT
 from matpo_jax.agents.trajectory import SINGLE, WORKER
 from matpo_jax.data.oracle import listed_ids
 from matpo_jax.data.synthetic_world import Hop, Question, World
@@ -49,10 +52,11 @@ OPENED_OTHER = "open: another page"
 OPENED_NONE = "open: no page opened"
 WRONG_VALUE = "read: wrong value reported"
 WRONG_FINAL_ANSWER = "planner: wrong final answer"
+CONTEXT_FULL = "stopped: context full"
 # Table order: the order of the steps in an episode.
 STAGES = (TOO_FEW_SUBTASKS, WRONG_SUBTASK, PAGE_NOT_LISTED, OPENED_TWIN,
           OPENED_OTHER_PAGE_OF_SUBJECT, OPENED_MISSING, OPENED_OTHER, OPENED_NONE, WRONG_VALUE,
-          WRONG_FINAL_ANSWER, CORRECT)
+          WRONG_FINAL_ANSWER, CONTEXT_FULL, CORRECT)
 
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?=<\|im_end\|>|<\|im_start\|>|\Z)", re.S)
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -131,7 +135,9 @@ def _page_failure(steps: Sequence[ToolStep], hop: Hop, world: World) -> str | No
 
 def diagnose(sample: Mapping, question: Question, world: World) -> Diagnosis:
     """The first failed step of one transcripts.jsonl line (MATPO or a single agent)."""
-    def result(stage, hop=None):
+    def result(stage, hop=None, agent=None):
+        if agent is not None and agent.get("finish_reason") == MAX_CONTEXT:
+            stage = CONTEXT_FULL  # it failed the step because it had no room left
         return Diagnosis(sample["id"], int(sample.get("sample", 0)), question.num_hops, stage, hop)
 
     if sample.get("grade") == "correct":
@@ -142,19 +148,19 @@ def diagnose(sample: Mapping, question: Question, world: World) -> Diagnosis:
         for number, hop in enumerate(question.hops, start=1):
             failure = _page_failure(owner_steps, hop, world)
             if failure:
-                return result(failure, number)
-        return result(WRONG_FINAL_ANSWER)
+                return result(failure, number, owner)
+        return result(WRONG_FINAL_ANSWER, None, owner)
     calls = [s for s in owner_steps if s.name == "subagent"]
     workers = [a for a in others if a["role"] == WORKER]  # in the order the planner called them
     for number, hop in enumerate(question.hops, start=1):
         if number > len(calls) or number > len(workers):
-            return result(TOO_FEW_SUBTASKS, number)
+            return result(TOO_FEW_SUBTASKS, number, owner)
         subtask = str(calls[number - 1].arguments.get("subtask", ""))
         if not (_mentions(subtask, hop.subject_name) and _mentions(subtask, hop.relation)):
             return result(WRONG_SUBTASK, number)
         failure = _page_failure(tool_steps(workers[number - 1]["text"]), hop, world)
         if failure:
-            return result(failure, number)
+            return result(failure, number, workers[number - 1])
         if not _mentions(calls[number - 1].response or "", hop.answer):
             return result(WRONG_VALUE, number)
     return result(WRONG_FINAL_ANSWER)
