@@ -153,7 +153,7 @@ def test_planner_steps_and_the_report(world, oracle, chat_format):
     broken.messages = broken.messages[:calls[1]] + broken.messages[-1:]
     broken.workers = broken.workers[:1]
     diagnosis = failures.diagnose(_record(q, broken, chat_format), q, world)
-    assert (diagnosis.stage, diagnosis.hop) == (failures.TOO_FEW_SUBTASKS, 2)
+    assert (diagnosis.stage, diagnosis.hop) == (failures.ANSWERED_EARLY, 2)
 
 
 def test_tool_steps_pair_each_call_with_its_response():
@@ -211,7 +211,7 @@ def test_a_step_failed_for_want_of_context_is_named_so(world, oracle, chat_forma
                          if m["role"] == "tool" and m["content"].startswith(q.hops[0].doc_id))
     single.messages = single.messages[:first_hop_end + 1]
     record = _record(q, single, chat_format)
-    assert failures.diagnose(record, q, world).stage == failures.PAGE_NOT_LISTED
+    assert failures.diagnose(record, q, world).stage == failures.ANSWERED_EARLY
     record["agents"][0]["finish_reason"] = "max_context"
     diagnosis = failures.diagnose(record, q, world)
     assert (diagnosis.stage, diagnosis.hop) == (failures.CONTEXT_FULL, 2)
@@ -222,3 +222,19 @@ def test_a_step_failed_for_want_of_context_is_named_so(world, oracle, chat_forma
     record = _record(q, demo, chat_format)
     record["agents"][2]["finish_reason"] = "max_context"
     assert failures.diagnose(record, q, world).stage == failures.CONTEXT_FULL
+
+
+def test_a_single_agent_that_answers_after_one_hop(world, oracle, chat_format):
+    q = _questions(world, 2)[0]
+    single = oracle.single(q)
+    first_hop_end = next(i for i, m in enumerate(single.messages)
+                         if m["role"] == "tool" and m["content"].startswith(q.hops[0].doc_id))
+    single.messages = single.messages[:first_hop_end + 1] + single.messages[-1:]
+    diagnosis = failures.diagnose(_record(q, single, chat_format), q, world)
+    assert (diagnosis.stage, diagnosis.hop) == (failures.ANSWERED_EARLY, 2)
+    # One more search that does not list the second page: now the search is to blame.
+    single.messages.insert(first_hop_end + 1, {"role": "assistant", "content": format_tool_call(
+        "search", {"query": "nothing", "num": 2})})
+    single.messages.insert(first_hop_end + 2, {"role": "tool", "content": "No results."})
+    diagnosis = failures.diagnose(_record(q, single, chat_format), q, world)
+    assert (diagnosis.stage, diagnosis.hop) == (failures.PAGE_NOT_LISTED, 2)

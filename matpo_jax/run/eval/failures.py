@@ -6,7 +6,7 @@ relation, the page stating the fact, the value), so a wrong answer can be traced
 that failed instead of being one number; evaluate writes the table beside the transcripts
 (failures.md, failures.json: `write_diagnosis`) and into report.md. MATPO, hop by hop:
 
-    planner   too few subtasks: it answered (or ran out of turns) before delegating this hop
+    planner   answered before this hop: it answered (or ran out of turns) before delegating it
     planner   wrong subtask: the subtask does not name this hop's subject and relation
     worker    page never listed: no search of the worker listed the page stating the fact
     worker    opened a near-duplicate's page: the page of a twin name ("Fonra Foodst" for
@@ -20,7 +20,8 @@ that failed instead of being one number; evaluate writes the table beside the tr
     either    context full: the agent that failed the step had run out of context
               (`max_context`) - the single agent's failure mode the paper names
 
-A single agent runs the page steps over its one context, then the final answer. Only the
+A single agent runs the page steps over its one context (answered before this hop: no tool call
+after the previous hop's page), then the final answer. Only the
 transcript is read; the decoded chat markup is Qwen3's (what matpo_jax.chat writes).
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ from matpo_jax.run.eval import results as results_lib
 FAILURES_MD, FAILURES_JSON = "failures.md", "failures.json"
 
 CORRECT = "correct"
-TOO_FEW_SUBTASKS = "planner: too few subtasks"
+ANSWERED_EARLY = "stopped: answered before this hop"
 WRONG_SUBTASK = "planner: wrong subtask"
 PAGE_NOT_LISTED = "search: page never listed"
 OPENED_TWIN = "open: a near-duplicate's page"
@@ -54,7 +55,7 @@ WRONG_VALUE = "read: wrong value reported"
 WRONG_FINAL_ANSWER = "planner: wrong final answer"
 CONTEXT_FULL = "stopped: context full"
 # Table order: the order of the steps in an episode.
-STAGES = (TOO_FEW_SUBTASKS, WRONG_SUBTASK, PAGE_NOT_LISTED, OPENED_TWIN,
+STAGES = (ANSWERED_EARLY, WRONG_SUBTASK, PAGE_NOT_LISTED, OPENED_TWIN,
           OPENED_OTHER_PAGE_OF_SUBJECT, OPENED_MISSING, OPENED_OTHER, OPENED_NONE, WRONG_VALUE,
           WRONG_FINAL_ANSWER, CONTEXT_FULL, CORRECT)
 
@@ -145,16 +146,21 @@ def diagnose(sample: Mapping, question: Question, world: World) -> Diagnosis:
     owner, *others = sample["agents"]
     owner_steps = tool_steps(owner["text"])
     if owner["role"] == SINGLE:
+        researched = 0  # the steps up to the last hop's page
         for number, hop in enumerate(question.hops, start=1):
+            if researched == len(owner_steps):
+                return result(ANSWERED_EARLY, number, owner)
             failure = _page_failure(owner_steps, hop, world)
             if failure:
                 return result(failure, number, owner)
+            researched = 1 + max(i for i, s in enumerate(owner_steps)
+                                 if s.name == "open" and s.arguments.get("id") == hop.doc_id)
         return result(WRONG_FINAL_ANSWER, None, owner)
     calls = [s for s in owner_steps if s.name == "subagent"]
     workers = [a for a in others if a["role"] == WORKER]  # in the order the planner called them
     for number, hop in enumerate(question.hops, start=1):
         if number > len(calls) or number > len(workers):
-            return result(TOO_FEW_SUBTASKS, number, owner)
+            return result(ANSWERED_EARLY, number, owner)
         subtask = str(calls[number - 1].arguments.get("subtask", ""))
         if not (_mentions(subtask, hop.subject_name) and _mentions(subtask, hop.relation)):
             return result(WRONG_SUBTASK, number)
