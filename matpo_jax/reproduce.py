@@ -336,7 +336,10 @@ def collect(out: str, noises, seeds, variants, ablations_at, ablation_seeds) -> 
                 path = os.path.join(out, "runs", rl_name(variant, noise, seed), "summary.json")
                 if os.path.exists(path):
                     with open(path) as f:
-                        summaries.append(json.load(f))
+                        summary = json.load(f)
+                    # Where the run is now: a grid's folder may have moved since it ran.
+                    summary["workdir"] = os.path.dirname(os.path.abspath(path))
+                    summaries.append(summary)
             if summaries:
                 results[noise][variant] = summaries
     return results

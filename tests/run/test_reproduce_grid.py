@@ -210,3 +210,15 @@ def test_the_grid_runs_seed_by_seed_so_an_early_stop_leaves_whole_comparisons(tm
     assert [name.rsplit("seed", 1)[1] for name in rl] == ["0"] * 4 + ["1"] * 4 + ["2"] * 4
     assert [j.name for j in jobs[:4]] == [f"sft_{v}_noise{n}" for n in ("0.05", "0.6")
                                           for v in ("single", "matpo")]
+
+
+def test_collect_reads_each_run_where_it_is_now(tmp_path):
+    # A grid folder moved after its runs finished (copied to another machine, renamed): the
+    # summaries still name the old workdir; the table must read the metrics beside them.
+    import json
+    run = tmp_path / "moved" / "runs" / reproduce.rl_name("matpo", "0.6", "0")
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"workdir": "/gone/runs/matpo_noise0.6_seed0",
+                                                  "final_eval": {"eval/accuracy": 0.5}}))
+    results = reproduce.collect(str(tmp_path / "moved"), ["0.6"], ["0"], ["matpo"], ["0.6"], None)
+    assert [s["workdir"] for s in results["0.6"]["matpo"]] == [str(run)]

@@ -15,6 +15,7 @@ import sys
 from typing import Mapping
 
 from absl import flags
+from matplotlib.colors import to_rgb
 
 from matpo_jax.report import drawing, files
 from matpo_jax.run.eval import failures
@@ -65,17 +66,21 @@ def plot_failures(tables: Mapping[str, Mapping], out_path, *, title: str | None 
                              0.0) for label in labels]
         bars = axes.barh(labels, shares, left=left, color=STAGE_COLOURS[stage], label=stage,
                          height=0.6)
+        red, green, blue = to_rgb(STAGE_COLOURS[stage])
+        ink = "white" if 0.3 * red + 0.6 * green + 0.1 * blue < 0.45 else "black"
         for bar, share in zip(bars, shares):
             if share >= 4:  # a number where it fits
                 axes.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + bar.get_height() / 2,
-                          f"{share:.0f}", ha="center", va="center", fontsize="x-small")
+                          f"{share:.0f}", ha="center", va="center", fontsize="x-small", color=ink)
         left = [a + b for a, b in zip(left, shares)]
     axes.set_xlim(0, 100)
     axes.set_xlabel("% of samples, by the first failed step of the gold chain")
     axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    counts = ", ".join(f"{label}: {int(t['samples'])}" for label, t in tables.items())
+    counts = {int(t["samples"]) for t in tables.values()}
+    note = (f"{counts.pop()} samples per bar" if len(counts) == 1 else "samples per bar: "
+            + ", ".join(f"{label} {int(t['samples'])}" for label, t in tables.items()))
     return drawing.save_png(figure, canvas, out_path, title=title or "Where the answers go wrong",
-                            note=f"samples per bar - {counts}")
+                            note=note)
 
 
 def _flags() -> flags.FlagValues:
