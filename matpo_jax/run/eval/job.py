@@ -155,12 +155,14 @@ def output_name(name: str, config) -> str:
 
 def _diagnoses(workdir: str, specs, world_assets) -> str:
     """The failure tables of the synthetic world's evaluations (markdown, for report.md)."""
+    labels = [output_name(name, config) for name, config in specs
+              if name == loader_lib.SYNTHETIC]
+    if not labels:
+        return ""
+    # Every synthetic spec is evaluated in the configured world (questions.load_questions).
+    world = synthetic_world.build_world(**world_assets.config.world_kwargs())
     sections = []
-    for name, config in specs:
-        if name != loader_lib.SYNTHETIC:
-            continue
-        label = output_name(name, config)
-        world = synthetic_world.build_world(**world_assets.config.world_kwargs())
+    for label in labels:
         table = failures.write_diagnosis(os.path.join(workdir, label), world)
         sections.append(f"## {label}: the first failed step of each sample\n\n{table}")
     return "\n".join(sections)
