@@ -8,7 +8,8 @@ import pytest
 from matpo_jax.chat import format_tool_call
 from matpo_jax.data import synthetic_world
 from matpo_jax.data.oracle import LocalCorpusTools, Oracle
-from matpo_jax.run.eval import failures
+from matpo_jax.run.eval import failures, open_choices
+from matpo_jax.run.eval.transcript_steps import tool_steps
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def test_tool_steps_pair_each_call_with_its_response():
             "<tool_response>\n[1] page A | A\ntext\n</tool_response><|im_end|>\n"
             "<|im_start|>assistant\n<tool_call>\n{\"name\": \"open\", \"arguments\": "
             "{\"id\": \"page A\"}}\n</tool_call>")  # cut before the page came back
-    steps = failures.tool_steps(text)
+    steps = tool_steps(text)
     assert [(s.name, s.response) for s in steps] == [
         ("", "Error: bad call"), ("search", "[1] page A | A\ntext"), ("open", None)]
 
@@ -201,6 +202,10 @@ def test_the_diagnosis_is_written_beside_the_transcripts(tmp_path, world, oracle
     assert saved["samples"] == 2 and saved["accuracy"] == 0.5
     assert {r["stage"]: r["samples"] for r in saved["rows"]} == {
         failures.WRONG_FINAL_ANSWER: 1, failures.CORRECT: 1}
+    # and how the workers chose their pages: both samples, both hops, the right page first
+    assert sum(saved["open_choices"][kind][open_choices.RIGHT_FIRST]
+               for kind in saved["open_choices"]) == 4
+    assert "| the listing showed the hop's page and |" in table
 
 
 def test_a_step_failed_for_want_of_context_is_named_so(world, oracle, chat_format):
@@ -238,3 +243,74 @@ def test_a_single_agent_that_answers_after_one_hop(world, oracle, chat_format):
     single.messages.insert(first_hop_end + 2, {"role": "tool", "content": "No results."})
     diagnosis = failures.diagnose(_record(q, single, chat_format), q, world)
     assert (diagnosis.stage, diagnosis.hop) == (failures.PAGE_NOT_LISTED, 2)
+
+
+def _choices(world, q, demo, chat_format):
+    return open_choices.choices(_record(q, demo, chat_format), q, world)
+
+
+def test_open_choices_of_a_second_page(world, oracle, chat_format):
+    two_pages = _questions(world, 1, lambda q: q.hops[0].doc_id.endswith(" (2)"))
+    q = two_pages[0]
+    hop = q.hops[0]
+    first_page = hop.doc_id[:-len(" (2)")]
+    demo = _solved_planner(oracle, q)
+    assert _choices(world, q, demo, chat_format) == [
+        (open_choices.OTHER_PAGE_FACT_SECOND, open_choices.RIGHT_FIRST)]
+    # the first page instead: never the right one
+    broken = copy.deepcopy(demo)
+    broken.workers[0].messages = _replace_open(broken.workers[0].messages, hop.doc_id, first_page)
+    assert _choices(world, q, broken, chat_format) == [
+        (open_choices.OTHER_PAGE_FACT_SECOND, open_choices.NEVER_RIGHT)]
+    # the first page, then the right one: a recovery
+    recovered = copy.deepcopy(demo)
+    opener = format_tool_call("open", {"id": hop.doc_id})
+    index = next(i for i, m in enumerate(recovered.workers[0].messages) if m["content"] == opener)
+    recovered.workers[0].messages[index:index] = [
+        {"role": "assistant", "content": format_tool_call("open", {"id": first_page})},
+        {"role": "tool", "content": "the first page"}]
+    assert _choices(world, q, recovered, chat_format) == [
+        (open_choices.OTHER_PAGE_FACT_SECOND, open_choices.RIGHT_AFTER_WRONG)]
+    # the single agent, over its one context
+    single = oracle.single(q)
+    assert _choices(world, q, single, chat_format) == [
+        (open_choices.OTHER_PAGE_FACT_SECOND, open_choices.RIGHT_FIRST)]
+    single.messages = _replace_open(single.messages, hop.doc_id, first_page)
+    assert _choices(world, q, single, chat_format) == [
+        (open_choices.OTHER_PAGE_FACT_SECOND, open_choices.NEVER_RIGHT)]
+
+
+def test_open_choices_name_the_listing(world, oracle, chat_format):
+    q = _questions(world, 2, lambda q: _twin_of(world, q.hops[1].subject_id) is not None)[0]
+    hop = q.hops[1]
+    twin = _twin_of(world, hop.subject_id)
+    twin_doc = next(d for d in world.documents if d.entity_id == twin.id)
+    other_doc = next(d for d in world.documents
+                     if d.entity_id not in (hop.subject_id, twin.id))
+    kind = lambda listed: open_choices.listing_kind(hop, listed, world)  # noqa: E731
+    assert kind([hop.doc_id]) == open_choices.ONLY_SUBJECT
+    assert kind([hop.doc_id, other_doc.id]) == open_choices.ONLY_SUBJECT
+    assert kind([other_doc.id, hop.doc_id, twin_doc.id]) == open_choices.TWIN_LISTED
+    assert kind([hop.doc_id, f"{hop.doc_id} (7)"]) == open_choices.ONLY_SUBJECT  # no such page
+    # the subject's two pages, the fact on the first: a one-hop question about such a page
+    seconds = {d.id[:-len(" (2)")] for d in world.documents if d.id.endswith(" (2)")}
+    first = _questions(world, 1, lambda q: q.hops[0].doc_id in seconds)[0].hops[0]
+    assert open_choices.listing_kind(first, [first.doc_id, first.doc_id + " (2)"], world) == \
+        open_choices.OTHER_PAGE_FACT_FIRST
+    # a hop whose worker opened the twin's page: never the right one; the other hop unchanged
+    demo = _solved_planner(oracle, q)
+    demo.workers[1].messages = _replace_open(demo.workers[1].messages, hop.doc_id, twin_doc.id)
+    found = _choices(world, q, demo, chat_format)
+    assert found[0][1] == open_choices.RIGHT_FIRST and found[1][1] == open_choices.NEVER_RIGHT
+
+
+def test_open_choices_table(world, oracle, chat_format):
+    qs = _questions(world, 1)[:4]
+    samples = [_record(q, _solved_planner(oracle, q), chat_format) for q in qs]
+    questions = {q.id: q for q in qs}
+    table = open_choices.summary(samples, questions, world)
+    assert sum(sum(row.values()) for row in table.values()) == 4
+    assert all(row[open_choices.RIGHT_FIRST] == sum(row.values()) for row in table.values())
+    assert list(table) == [k for k in open_choices.LISTINGS if k in table]
+    text = open_choices.markdown(table)
+    assert text.count("\n") == 2 + len(table) and "(100%)" in text

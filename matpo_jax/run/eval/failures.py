@@ -4,7 +4,8 @@ An evaluation (`python -m matpo_jax.evaluate`) saves every sample's decoded cont
 transcripts.jsonl. In the synthetic world each question's chain of hops is known (subject,
 relation, the page stating the fact, the value), so a wrong answer can be traced to the first step
 that failed instead of being one number; evaluate writes the table beside the transcripts
-(failures.md, failures.json: `write_diagnosis`) and into report.md. MATPO, hop by hop:
+(failures.md, failures.json: `write_diagnosis`, followed by open_choices.py's table of how the
+agents chose among listed pages) and into report.md. MATPO, hop by hop:
 
     planner   answered before this hop: it answered (or ran out of turns) before delegating it
     planner   wrong subtask: the subtask does not name this hop's subject and relation
@@ -38,7 +39,9 @@ from matpo_jax.agents.trajectory import SINGLE, WORKER
 from matpo_jax.data.oracle import listed_ids
 from matpo_jax.data.synthetic_world import Hop, Question, World
 from matpo_jax.report import files
+from matpo_jax.run.eval import open_choices
 from matpo_jax.run.eval import results as results_lib
+from matpo_jax.run.eval.transcript_steps import ToolStep, tool_steps
 
 FAILURES_MD, FAILURES_JSON = "failures.md", "failures.json"
 
@@ -59,18 +62,6 @@ STAGES = (ANSWERED_EARLY, WRONG_SUBTASK, PAGE_NOT_LISTED, OPENED_TWIN,
           OPENED_OTHER_PAGE_OF_SUBJECT, OPENED_MISSING, OPENED_OTHER, OPENED_NONE, WRONG_VALUE,
           WRONG_FINAL_ANSWER, CONTEXT_FULL, CORRECT)
 
-_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?=<\|im_end\|>|<\|im_start\|>|\Z)", re.S)
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.S)
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolStep:
-    name: str  # "" for a call that is not valid JSON with a name
-    arguments: Mapping
-    response: str | None  # None when the context ends before the answer
-
-
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
     id: str
@@ -78,31 +69,6 @@ class Diagnosis:
     hops: int
     stage: str  # one of STAGES
     hop: int | None  # 1-based hop of the failing step; None for correct or the final answer
-
-
-def tool_steps(text: str) -> list[ToolStep]:
-    """The tool calls of one decoded context, each with the response the agent read after it."""
-    steps: list[ToolStep] = []
-    waiting: list[int] = []  # indices of calls of the last assistant turn not yet answered
-    for role, content in _TURN.findall(text):
-        if role == "assistant":
-            waiting = []
-            for raw in _CALL.findall(content):
-                try:
-                    call = json.loads(raw)
-                    name, arguments = str(call["name"]), call.get("arguments") or {}
-                    if not isinstance(arguments, Mapping):
-                        raise TypeError
-                except (ValueError, KeyError, TypeError):
-                    name, arguments = "", {}
-                waiting.append(len(steps))
-                steps.append(ToolStep(name, arguments, None))
-        else:
-            for response in _RESPONSE.findall(content):
-                if waiting:
-                    index = waiting.pop(0)
-                    steps[index] = dataclasses.replace(steps[index], response=response)
-    return steps
 
 
 def _mentions(text: str, phrase: str) -> bool:
@@ -223,10 +189,16 @@ def markdown(table: Mapping) -> str:
 
 def write_diagnosis(out_dir: str, world: World) -> str:
     """Diagnoses <out_dir>/transcripts.jsonl (an evaluation of `world`'s questions); writes
-    failures.md and failures.json beside it and returns the table."""
+    failures.md and failures.json beside it (the failure table, then how the agents chose among
+    listed pages: open_choices.py) and returns the markdown."""
     samples = results_lib.read_results(os.path.join(out_dir, results_lib.TRANSCRIPTS_FILE))
     table = summary(diagnose_all(samples, world))
+    questions = {q.id: q for q in world.all_questions()}
+    table["open_choices"] = open_choices.summary(samples, questions, world)
     text = markdown(table)
+    if table["open_choices"]:
+        text += ("\nPages opened when a search listed the hop's page (every hop, right answers "
+                 "too):\n\n" + open_choices.markdown(table["open_choices"]))
     files.write_text_atomic(os.path.join(out_dir, FAILURES_MD), text)
     files.write_text_atomic(os.path.join(out_dir, FAILURES_JSON), json.dumps(table, indent=1))
     return text
