@@ -5,10 +5,12 @@
 
 Per run: validation accuracy (all / 1 hop / 2 hops) after SFT and after RL (eval/sft.json,
 eval/final.json), the gain, workers per question, the 96-question curve (eval/stepN.json) and
-the run's wall time when the caller wrote `date +%s` into RUN.start and RUN.end beside it. Prints a markdown table; --out also writes everything as JSON.
+the run's wall time when the caller wrote `date +%s` (or `date`, in UTC) into RUN.start and RUN.end
+beside it. Prints a markdown table; --out also writes everything as JSON.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -49,6 +51,21 @@ def _curve(run: str) -> list[tuple[int, float]]:
                   if "curve/accuracy" in r)
 
 
+def _seconds(mark: str) -> float:
+    """A .start/.end mark: `date +%s` (epoch seconds) or plain `date` ("Fri Dec  4 23:33:03 UTC
+    2026") output."""
+    text = open(mark).read().strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.datetime.strptime(text, "%a %b %d %H:%M:%S %Z %Y")
+    except ValueError:
+        raise SystemExit(f"{mark}: neither epoch seconds nor `date` output: {text!r}") from None
+    return stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
 def run_summary(run: str) -> dict:
     sft, final = _eval(run, "sft"), _eval(run, "final")
     summary = {"after_sft": _percent(sft), "after_rl": _percent(final),
@@ -58,8 +75,8 @@ def run_summary(run: str) -> dict:
     summary["gain"] = round(summary["after_rl"]["accuracy"] - summary["after_sft"]["accuracy"], 1)
     marks = [os.path.join(os.path.dirname(run), os.path.basename(run) + s) for s in (".start", ".end")]
     if all(os.path.exists(m) for m in marks):
-        start, end = (int(open(m).read()) for m in marks)
-        summary["wall_s"] = end - start
+        start, end = (_seconds(m) for m in marks)
+        summary["wall_s"] = round(end - start)
     return summary
 
 

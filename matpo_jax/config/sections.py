@@ -408,6 +408,9 @@ class SFTSection(Section):
     rehearsal: str = setting("copy", "what the copy_every-th steps train on: copy spans of the "
                              "corpus, or reading tasks (data/reading_tasks.py)",
                              choices=("copy", "reading"))
+    rehearsal_listings: float = setting(0.0, "share of the reading rehearsal's tasks that are "
+                                        "search listings (pretrain.listing_fraction's kind)",
+                                        range=UNIT)
     # The loss is renormalised so it stays a weighted mean. 1.0 = plain cross-entropy.
     copy_weight: float = setting(1.0, "loss weight of trainable tokens that copy a span of the "
                                  "context (tool arguments, answers, facts)", range=POSITIVE)
@@ -434,6 +437,9 @@ class PretrainSection(Section):
     two_hop_fraction: float = setting(0.3, "share of two-page chain tasks", range=UNIT)
     distractor_rate: float = setting(0.5, "one-hop tasks that also show another subject's page",
                                      range=UNIT)
+    # Off in the committed warm start (its tasks stay the same draws): docs/findings.md 0n.
+    listing_fraction: float = setting(0.0, "share of search-listing tasks: open the result that "
+                                      "states the fact, among two", range=UNIT)
     eval_examples: int = setting(512, "held-out reading tasks measured at the end",
                                  range=AT_LEAST_ONE)
 

@@ -14,19 +14,28 @@ output, and fact lines in the worker's own words ("Fact: <subject> <relation> <v
 - `one_hop`: one page (sometimes a second page about another subject of the same type, as a
   search listing shows two), one or two questions about it;
 - `two_hop`: "What is the <r2> of the <r1> of <s>?" over the two pages of the chain, in either
-  order, answered by both fact lines then "Answer: <value>.".
-Only the fact and answer lines are trained (`trainable`).
+  order, answered by both fact lines then "Answer: <value>.";
+- `listing` (off unless `listing_fraction` > 0): a worker's choice among search results. The
+  question, then a two-result listing exactly as the search tool renders it (title, quoted id,
+  the query's best sentences), where the other result is the subject's second page, a
+  near-duplicate name's page, or another subject's page, in either order; answered by the open
+  call of the page that states the fact, then its fact line (which the snippet shows).
+Only the fact, answer and open lines are trained (`trainable`).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 
 from matpo_jax.data import synthetic_world as world_lib
 from matpo_jax.data.synthetic_world import NUMBER, NUMBER_RANGES, RELATIONS, Entity
+from matpo_jax.tools.clients import render_hits
+from matpo_jax.tools.search_server import snippet
 
-KINDS = ("one_hop", "two_hop")
+KINDS = ("one_hop", "two_hop", "listing")
+LISTING_OTHERS = ("second_page", "twin", "other_subject")  # what the other result is
 MAX_NOISE_SENTENCES = 24  # the world's default (build_world)
 
 
@@ -48,7 +57,8 @@ class ReadingTaskWriter:
 
     def __init__(self, entities: list[Entity], *, seed: int, noise: tuple[float, float],
                  fact_style: str = "plain", max_response_chars: int = 0,
-                 two_hop_fraction: float = 0.3, distractor_rate: float = 0.5):
+                 two_hop_fraction: float = 0.3, distractor_rate: float = 0.5,
+                 listing_fraction: float = 0.0):
         self.entities = list(entities)
         self.names = {t: [e.name for e in self.entities if e.type == t]
                       for t in world_lib.ENTITY_TYPES}
@@ -60,6 +70,11 @@ class ReadingTaskWriter:
         self.max_response_chars = max_response_chars  # the open tool's cap; 0: whole pages
         self.two_hop_fraction = two_hop_fraction
         self.distractor_rate = distractor_rate
+        self.listing_fraction = listing_fraction
+        by_id = {e.id: e for e in self.entities}
+        # near-duplicate names, both ways round ("Fonra Foods" / "Fonra Foodst")
+        self.twins = [(e, by_id[e.twin_of]) for e in self.entities if e.twin_of in by_id]
+        self.twins += [(b, a) for a, b in self.twins]
         self.relations = {t: [r for r in RELATIONS if r.subject_type == t]
                           for t in world_lib.ENTITY_TYPES}
         # Subjects of two-hop chains: types with a relation whose object is an entity that
@@ -110,6 +125,9 @@ class ReadingTaskWriter:
     # ---------------------------------------------------------------------------- examples
     def example(self, index: int) -> ReadingExample:
         rng = np.random.default_rng([self.seed, index])
+        # drawn only when on, so the other kinds' streams (the committed warm start's) stay put
+        if self.listing_fraction and rng.random() < self.listing_fraction:
+            return self._listing(rng)
         if rng.random() < self.two_hop_fraction and self.chain_starts:
             return self._two_hop(rng)
         return self._one_hop(rng)
@@ -154,3 +172,50 @@ class ReadingTaskWriter:
                     (f"Fact: {self._fact(middle, r2.phrase)}\n", True),
                     (f"Answer: {value}.\n", True)]
         return ReadingExample("two_hop", tuple(segments), subject.name, r1.phrase, middle_name)
+
+    def _listing(self, rng: np.random.Generator) -> ReadingExample:
+        other_kind = LISTING_OTHERS[int(rng.integers(len(LISTING_OTHERS)))]
+        if other_kind == "twin" and not self.twins:
+            other_kind = "other_subject"
+        if other_kind == "twin":
+            entity, other_entity = self.twins[int(rng.integers(len(self.twins)))]
+        else:
+            entity = self.entities[int(rng.integers(len(self.entities)))]
+            if other_kind == "second_page" and len(self.relations[entity.type]) < 2:
+                other_kind = "other_subject"
+        subject = self._subject(rng, entity)
+        noise = float(rng.uniform(*self.noise))
+        if other_kind == "second_page":  # the facts split over "page X" and "page X (2)"
+            phrases = list(subject.facts)
+            rng.shuffle(phrases)
+            cut = int(rng.integers(1, len(phrases)))
+            docs = [world_lib.write_page(rng, rng, subject, part, page, self.names,
+                                         lambda value, relation: value, noise,
+                                         MAX_NOISE_SENTENCES, self.fact_style)
+                    for page, part in enumerate((phrases[:cut], phrases[cut:]))]
+            right = int(rng.integers(2))  # the page stating the asked fact
+            on_right = [p for p in phrases if subject.fact_doc[p] == docs[right].id]
+            phrase = on_right[int(rng.integers(len(on_right)))]
+            right_doc, other_doc = docs[right], docs[1 - right]
+        else:
+            phrases = list(subject.facts)
+            phrase = phrases[int(rng.integers(len(phrases)))]
+            if other_kind == "other_subject":
+                same_type = [e for e in self.by_type[entity.type] if e.id != entity.id]
+                other_entity = same_type[int(rng.integers(len(same_type)))]
+            other = self._subject(rng, other_entity)
+            right_doc, other_doc = (
+                world_lib.write_page(rng, rng, who, list(who.facts), 0, self.names,
+                                     lambda value, relation: value, noise, MAX_NOISE_SENTENCES,
+                                     self.fact_style)
+                for who in (subject, other))
+        query = f"the {phrase} of {subject.name}"  # the worker's first search (oracle.hop_queries)
+        results = [right_doc, other_doc]
+        if rng.random() < 0.5:  # either order: the choice is read, not the rank
+            results.reverse()
+        listing = render_hits(query, [(d.title, d.id, snippet(d.contents, query)) for d in results])
+        call = json.dumps({"name": "open", "arguments": {"id": right_doc.id}})  # as a worker calls
+        return ReadingExample("listing", (
+            (f"What is the {phrase} of {subject.name}?\n", False), (listing + "\n", False),
+            (call + "\n", True), (f"Fact: {self._fact(subject, phrase)}\n", True)),
+            subject.name, phrase, right_doc.id)

@@ -54,13 +54,14 @@ def writer_settings(cfg: ExperimentConfig) -> dict:
     p = cfg.pretrain
     return dict(noise=(0.0, p.noise_max), fact_style=cfg.data.fact_style,
                 max_response_chars=cfg.tools.max_response_chars,
-                two_hop_fraction=p.two_hop_fraction, distractor_rate=p.distractor_rate)
+                two_hop_fraction=p.two_hop_fraction, distractor_rate=p.distractor_rate,
+                listing_fraction=p.listing_fraction)
 
 
 def reading_writer(cfg: ExperimentConfig, world: synthetic_world.World,
-                   stream: int) -> ReadingTaskWriter:
+                   stream: int, **overrides) -> ReadingTaskWriter:
     return ReadingTaskWriter(world.entities, seed=cfg.train.seed * 1000 + stream,
-                             **writer_settings(cfg))
+                             **{**writer_settings(cfg), **overrides})
 
 
 def tokenize_example(chat: ChatFormat, example: ReadingExample) -> tuple[np.ndarray, np.ndarray]:
@@ -132,12 +133,17 @@ def reading_accuracy(model, chat: ChatFormat, writer: ReadingTaskWriter, count: 
     return {key: float(np.mean(values)) for key, values in sorted(hits.items())}
 
 
+def rehearsal_overrides(cfg: ExperimentConfig) -> dict:
+    """How SFT's rehearsal tasks differ from pretraining's: their own share of listings."""
+    return dict(listing_fraction=cfg.sft.rehearsal_listings)
+
+
 def rehearsal_batches(rt, rows: int, loss_config):
     """step -> a reading batch, for SFT's rehearsal steps (sft.rehearsal = reading): keeps the
     warm start's reading while SFT teaches the protocol."""
     cfg = rt.cfg
     world = synthetic_world.build_world(**world_config(cfg).world_kwargs())
-    writer = reading_writer(cfg, world, REHEARSAL_STREAM)
+    writer = reading_writer(cfg, world, REHEARSAL_STREAM, **rehearsal_overrides(cfg))
     return lambda step: reading_batch(rt.chat, writer, step, rows, cfg.rl.pack_len, loss_config)
 
 

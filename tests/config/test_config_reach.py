@@ -284,6 +284,12 @@ def sft_batches(cfg):
     return calls, [(b.batch if not b.log else b.batch.rows) for b in served]
 
 
+def rehearsal_tasks(cfg):
+    """How SFT's reading rehearsal (sft.rehearsal = reading) draws its tasks."""
+    from matpo_jax.run import pretrain
+    return pretrain.rehearsal_overrides(cfg)
+
+
 def shared_sft_start(cfg):
     """Where SFT's start comes from: its own training, or another run's SFT checkpoints."""
     opened = []
@@ -353,7 +359,7 @@ REACH: dict[str, Reach] = {
                                         {"model.hf_checkpoint": WEIGHTS_DIR}),
     **{f"pretrain.{f}": Reach(pretrain_phase) for f in (
         "steps", "lr", "batch_size", "noise_max", "two_hop_fraction", "distractor_rate",
-        "eval_examples")},
+        "listing_fraction", "eval_examples")},
     "model.dtype": Reach(built_model),
     "model.param_dtype": Reach(built_model),
     **{f"model.arch.{name}": Reach(built_model) for name in (
@@ -432,6 +438,7 @@ REACH: dict[str, Reach] = {
     "sft.copy_steps": Reach(sft_batches),  # and the copy phase's loop (training_loops)
     "sft.copy_every": Reach(sft_batches),
     "sft.rehearsal": Reach(sft_batches, None, {"sft.copy_every": 2}),
+    "sft.rehearsal_listings": Reach(rehearsal_tasks),
     "sft.copy_span": Reach(copy_phase),
     "sft.copy_shuffle": Reach(copy_phase),
     "sft.copy_lr": Reach(copy_phase, None, {"sft.copy_steps": 10}),

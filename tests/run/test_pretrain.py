@@ -13,6 +13,7 @@ import pytest
 from matpo_jax.config import ConfigError, load_config_file, to_typed
 from matpo_jax.config.validation import file_sha256
 from matpo_jax.data import synthetic_world
+from matpo_jax.data.oracle import listed_ids
 from matpo_jax.data.reading_tasks import ReadingTaskWriter
 from matpo_jax.run.pretrain import WARM_START_FILE, tokenize_example
 
@@ -46,17 +47,65 @@ def test_reading_tasks_state_random_facts_the_page_shows(world):
     assert agree < 0.2 * len(examples), agree
 
 
+def test_listing_tasks_open_the_result_that_states_the_fact(world):
+    writer = ReadingTaskWriter(world.entities, seed=3, noise=(0.0, 0.3), listing_fraction=1.0)
+    by_name = {e.name: e for e in world.entities}
+    twins = {(e.id, e.twin_of) for e in world.entities if e.twin_of}
+    seen, firsts = set(), 0
+    for i in range(120):
+        example = writer.example(i)
+        assert example.kind == "listing"
+        question, listing, call, fact = [text for text, _ in example.segments]
+        assert [trained for _, trained in example.segments] == [False, False, True, True]
+        assert question == f"What is the {example.relation} of {example.subject}?\n"
+        ids = listed_ids(listing)
+        assert len(ids) == 2 and example.answer in ids
+        assert call == '{"name": "open", "arguments": {"id": "%s"}}\n' % example.answer
+        # the fact line is the opened result's: its snippet shows it, the other's does not
+        entries = listing.split("\n2. ")
+        right = entries[ids.index(example.answer)]
+        assert fact.startswith(f"Fact: {example.subject} {example.relation} ")
+        assert fact[len("Fact: "):].strip().rstrip(".") in right
+        firsts += ids[0] == example.answer
+        other = ids[1 - ids.index(example.answer)]
+        subject = by_name[example.subject]
+        other_entity = by_name[other[len("page "):].removesuffix(" (2)")]
+        if other_entity.id == subject.id:
+            seen.add("second page")
+            assert {example.answer, other} == {f"page {subject.name}", f"page {subject.name} (2)"}
+        elif (subject.id, other_entity.id) in twins or (other_entity.id, subject.id) in twins:
+            seen.add("twin")
+        else:
+            seen.add("other subject")
+            assert other_entity.type == subject.type
+    assert seen == {"second page", "twin", "other subject"}
+    assert 30 < firsts < 90  # the right result first or second: the choice is read, not the rank
+
+
+def test_listings_off_leave_the_warm_starts_tasks_as_they_were(world):
+    """The committed warm start was built without listings: the same (seed, index) must still
+    give the same task when listings are off, and some other when on."""
+    plain = ReadingTaskWriter(world.entities, seed=3, noise=(0.0, 0.3))
+    off = ReadingTaskWriter(world.entities, seed=3, noise=(0.0, 0.3), listing_fraction=0.0)
+    on = ReadingTaskWriter(world.entities, seed=3, noise=(0.0, 0.3), listing_fraction=0.3)
+    assert all(plain.example(i).text == off.example(i).text for i in range(40))
+    kinds = [on.example(i).kind for i in range(200)]
+    assert 30 < kinds.count("listing") < 90 and {"one_hop", "two_hop"} <= set(kinds)
+
+
 def test_pieces_tokenize_as_the_whole_text(world, tmp_path):
     cfg = to_typed(load_config_file(TINY, f"data.num_entities=80,data.num_questions=40,"
                                           f"data.data_dir={tmp_path}"), check_files=False)
     from matpo_jax.data.world_assets import prepare_world
     chat = prepare_world(cfg, str(tmp_path)).chat
-    writer = ReadingTaskWriter(world.entities, seed=0, noise=(0.0, 0.3), max_response_chars=320)
-    for i in range(20):
+    writer = ReadingTaskWriter(world.entities, seed=0, noise=(0.0, 0.3), max_response_chars=320,
+                               listing_fraction=0.3)
+    for i in range(30):
         example = writer.example(i)
         ids, trained = tokenize_example(chat, example)
         assert ids.tolist() == chat.tokenizer.encode(example.text, add_special_tokens=False)
-        assert chat.tokenizer.decode(ids[trained]).strip().startswith("Fact:")
+        first = "{" if example.kind == "listing" else "Fact:"
+        assert chat.tokenizer.decode(ids[trained]).strip().startswith(first)
 
 
 SHRUNK = ",".join([
