@@ -56,6 +56,7 @@ bench-peers: $(PEERS_VENV)/.installed
 	$(PEERS_VENV)/bin/python benchmarks/peers/deps.py --out benchmarks/results/peers_deps.json
 	$(PEERS_VENV)/bin/python -m pytest -q -p no:cacheprovider benchmarks/peers
 	$(PEERS_VENV)/bin/python benchmarks/peers/sampler_bench.py
+	$(PEERS_VENV)/bin/python benchmarks/peers/matmul_floor.py
 	$(PEERS_VENV)/bin/python benchmarks/peers/train_step_bench.py
 	$(PEERS_VENV)/bin/python benchmarks/peers/rollout_bench.py
 
