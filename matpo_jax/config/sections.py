@@ -394,6 +394,9 @@ class SFTSection(Section):
     single_states_facts: bool = setting(True, "single-agent demonstrations state each fact line "
                                         "they read before the next call or the answer, as a "
                                         "worker does")
+    report_fact_first: bool = setting(False, "demonstrated final summaries state the fact line "
+                                      "before the conclusion (\"Fact: X r Y. Conclusion: Y. "
+                                      "Source: ...\"), not after it")
     # Copy pre-training (run/copy_pretraining.py): "span, separator, same span" rows cut from the
     # world's corpus, loss on the repeat only, before SFT step 0 with its own optimizer.
     copy_steps: int = setting(0, "copy pre-training steps before SFT (0: off)", range=NON_NEGATIVE)

@@ -129,8 +129,11 @@ class Oracle:
     def __init__(self, search: SearchFn, open_page: OpenFn, *, role_prompts: RolePrompts | None = None,
                  imperfection: Imperfection = Imperfection(), num_results: int = 5,
                  max_results: int = 10, seed: int = 0, fact_style: str = "varied",
-                 single_states_facts: bool = True):
+                 single_states_facts: bool = True, report_fact_first: bool = False):
         self.search = search
+        # The final summary's order: "Fact: ... Conclusion: <value>." puts the value right
+        # after the fact line it is copied from (docs/repro/README.md, the summary ablation).
+        self.report_fact_first = report_fact_first
         self.fact_style = fact_style  # the world's (synthetic_world.FACT_STYLES): how facts read
         # The single agent writes each hop's fact line as a worker does (see single()).
         self.single_states_facts = single_states_facts
@@ -185,9 +188,13 @@ class Oracle:
         if self.prompts.final_summary is None:  # the statement is the report
             report = statement
         else:
-            report = (f"Conclusion: {hop.answer}. Fact: {fact} Source: {hop.doc_id}." if solved
-                      else f"Conclusion: not found. The {hop.relation} of {hop.subject_name} "
-                           "is unknown.")
+            if not solved:
+                report = (f"Conclusion: not found. The {hop.relation} of {hop.subject_name} "
+                          "is unknown.")
+            elif self.report_fact_first:
+                report = f"Fact: {fact} Conclusion: {hop.answer}. Source: {hop.doc_id}."
+            else:
+                report = f"Conclusion: {hop.answer}. Fact: {fact} Source: {hop.doc_id}."
             messages += [{"role": "user", "content": self.prompts.final_summary},
                          _assistant(report)]
         return Demonstration(role=WORKER, messages=messages, answer=hop.answer if solved else None,

@@ -79,7 +79,8 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
                                               wrong_open=cfg.sft.wrong_open),
                     num_results=cfg.tools.num_results, seed=cfg.train.seed,
                     fact_style=cfg.data.fact_style,
-                    single_states_facts=cfg.sft.single_states_facts)
+                    single_states_facts=cfg.sft.single_states_facts,
+                    report_fact_first=cfg.sft.report_fact_first)
     demos = demonstrations(oracle, questions, config_lib.sft_modes(cfg))
     seqs = demonstration_sequences(rt.chat, demos, min(cfg.rl.pack_len,
                                                        cfg.rollout.max_context))

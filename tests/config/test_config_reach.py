@@ -234,13 +234,14 @@ def demonstrated_questions(cfg):
 
 
 def sft_demonstrations(cfg):
-    """What SFT hands the oracle (its detours, the single agent's fact lines) and the
-    demonstration writer (the modes)."""
+    """What SFT hands the oracle (its detours, the single agent's fact lines, the report's order)
+    and the demonstration writer (the modes)."""
     calls = []
     rt = types.SimpleNamespace(cfg=cfg, toolbox=None, chat=None,
                                assets=types.SimpleNamespace(source=lambda split: []))
     with mock.patch.object(sft_phase, "Oracle", lambda *a, **kw: calls.append(
-            ("oracle", kw["imperfection"], kw["single_states_facts"])) or "oracle"), \
+            ("oracle", kw["imperfection"], kw["single_states_facts"], kw["report_fact_first"]))
+            or "oracle"), \
             mock.patch.object(sft_phase, "demonstrations", lambda oracle, questions, modes: (
                 calls.append(("modes", modes)) or [])), \
             mock.patch.object(sft_phase, "demonstration_sequences", lambda *a: ["sequence"]):
@@ -431,6 +432,7 @@ REACH: dict[str, Reach] = {
     "sft.wasted_search": Reach(sft_demonstrations),
     "sft.wrong_open": Reach(sft_demonstrations),
     "sft.single_states_facts": Reach(sft_demonstrations),
+    "sft.report_fact_first": Reach(sft_demonstrations),
     "sft.modes": Reach(sft_demonstrations, "matpo+single"),
     "sft.context_lm_weight": Reach(sft_loss_weights),
     "sft.copy_weight": Reach(sft_loss_weights),

@@ -226,6 +226,24 @@ def test_ablation_prompts_write_demonstrations_as_the_ablated_rollout_reads(
                 assert worker.report.startswith("Fact: ")
 
 
+def test_the_report_can_state_the_fact_before_the_conclusion(noisy_world, noisy_tools):
+    """report_fact_first moves the value after the fact line it is copied from; the rest of the
+    episode is the same."""
+    role_prompts = oracle_lib.default_prompts(200)
+    usual = Oracle(noisy_tools.search, noisy_tools.open, role_prompts=role_prompts,
+                   fact_style="plain")
+    fact_first = Oracle(noisy_tools.search, noisy_tools.open, role_prompts=role_prompts,
+                        fact_style="plain", report_fact_first=True)
+    for q in _sample(noisy_world, per_hop=2):
+        a, b = usual.planner(q), fact_first.planner(q)
+        assert b.solved and b.answer == q.answer
+        for hop, before, after in zip(q.hops, a.workers, b.workers):
+            fact = f"{hop.subject_name} {hop.relation} {hop.answer}."
+            assert before.report == f"Conclusion: {hop.answer}. Fact: {fact} Source: {hop.doc_id}."
+            assert after.report == f"Fact: {fact} Conclusion: {hop.answer}. Source: {hop.doc_id}."
+            assert before.messages[:-1] == after.messages[:-1]
+
+
 def test_single_agent_states_each_fact_it_read_before_moving_on(small_world_kwargs):
     from matpo_jax.data.synthetic_world import build_world
     world = build_world(seed=7, noise=1.0, fact_style="plain", **small_world_kwargs)
