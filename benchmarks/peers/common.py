@@ -8,6 +8,7 @@ other's in-memory weights, so a cross-check that passes also checks both loaders
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -56,3 +57,13 @@ def interleaved_medians(runs: dict, repeats: int) -> dict:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def write_results(out: str, name: str, result: dict, markdown: str) -> None:
+    """<out>/<name>.json (everything) and <out>/<name>.md (the table), as every peer script
+    leaves its results."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(markdown)

@@ -167,11 +167,7 @@ def main():
                   environment=dict(jax=jax.__version__, cores=os.cpu_count(),
                                    load_before=load_before, load_after=common.load_average()),
                   repeats=args.repeats, rows=rows)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "peers_matmul_floor.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "peers_matmul_floor.md"), "w") as f:
-        f.write(markdown(result))
+    common.write_results(args.out, "peers_matmul_floor", result, markdown(result))
 
 
 if __name__ == "__main__":

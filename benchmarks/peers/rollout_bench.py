@@ -487,11 +487,7 @@ def main():
                          machine_shared=True),
         tunix_compiled_shapes=dict(after_warmup=tunix_shapes_warm, after_repeats=tunix_shapes),
         total_s=time.perf_counter() - started)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "peers_rollout.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "peers_rollout.md"), "w") as f:
-        f.write(markdown(result))
+    common.write_results(args.out, "peers_rollout", result, markdown(result))
     print(markdown(result))
 
 

@@ -141,11 +141,7 @@ def main():
         rows=rows)
     if args.quick:
         return
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "peers_sampler.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "peers_sampler.md"), "w") as f:
-        f.write(markdown(result))
+    common.write_results(args.out, "peers_sampler", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -211,11 +211,7 @@ def main():
     print(json.dumps({k: v for k, v in result.items() if k != "all_step_s"}, indent=1), flush=True)
     if args.quick:
         return
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "peers_train_step.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "peers_train_step.md"), "w") as f:
-        f.write(markdown(result))
+    common.write_results(args.out, "peers_train_step", result, markdown(result))
 
 
 def markdown(r):
