@@ -20,6 +20,7 @@ from matpo_jax.run.pretrain import WARM_START_FILE, tokenize_example
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
 DEMO = os.path.join(REPO, "configs", "synthetic_demo.py")
+DEMO_LISTINGS = os.path.join(REPO, "configs", "synthetic_demo_listings.py")
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +159,11 @@ def test_a_shrunk_warm_start_rebuilds_and_a_run_refuses_other_bytes(tmp_path):
     assert "Traceback" not in refused.stderr
 
 
-def test_the_demo_config_names_the_committed_warm_start_by_its_hash():
-    cfg = to_typed(load_config_file(DEMO))  # checks the directory and the hash
+@pytest.mark.parametrize("config", [DEMO, DEMO_LISTINGS])
+def test_the_demo_configs_name_their_committed_warm_starts_by_hash(config):
+    cfg = to_typed(load_config_file(config))  # checks the directory and the hash
     summary = json.loads(open(os.path.join(cfg.model.hf_checkpoint, WARM_START_FILE)).read())
     assert summary["sha256"] == cfg.model.hf_checkpoint_sha256
     assert summary["accuracy"]["pretrain/first_fact_exact/all"] > 0.5
+    # Pretrained as the config would rebuild it (the default's predates the option: no listings).
+    assert summary["pretrain"].get("listing_fraction", 0.0) == cfg.pretrain.listing_fraction
