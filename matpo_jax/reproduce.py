@@ -370,6 +370,20 @@ def comparison_sections(out: str, results: dict, baselines, variants, name: str,
     return sections
 
 
+def grid_command(out: str, noise, seeds, variants, ablations_at, ablation_seeds=None,
+                 overrides: str = "") -> str:
+    """The command line that reruns this grid (for the table's header): every flag that shaped
+    the runs, overrides included."""
+    command = (f"python -m matpo_jax.reproduce --out={out} --noise={','.join(noise)} "
+               f"--seeds={','.join(seeds)} --variants={','.join(variants)} "
+               f"--ablations_at={','.join(ablations_at)}")
+    if ablation_seeds:
+        command += f" --ablation_seeds={','.join(ablation_seeds)}"
+    if overrides:
+        command += f" --overrides='{overrides}'"
+    return command
+
+
 def main(argv):
     del argv
     out = _OUT.value
@@ -409,11 +423,8 @@ def main(argv):
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})
     gap_by_noise = gaps(results, _NOISE.value)
-    command = (f"python -m matpo_jax.reproduce --out={out} --noise={','.join(_NOISE.value)} "
-               f"--seeds={','.join(_SEEDS.value)} --variants={','.join(_VARIANTS.value)} "
-               f"--ablations_at={','.join(_ABLATIONS_AT.value)}"
-               + (f" --ablation_seeds={','.join(_ABLATION_SEEDS.value)}"
-                  if _ABLATION_SEEDS.value else ""))
+    command = grid_command(out, _NOISE.value, _SEEDS.value, _VARIANTS.value, _ABLATIONS_AT.value,
+                           _ABLATION_SEEDS.value, _OVERRIDES.value)
     text = "\n".join([
         "# Miniature reproduction: single-agent GRPO vs MATPO", "",
         f"Command: `{command}`", "",

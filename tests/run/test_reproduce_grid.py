@@ -222,3 +222,15 @@ def test_collect_reads_each_run_where_it_is_now(tmp_path):
                                                   "final_eval": {"eval/accuracy": 0.5}}))
     results = reproduce.collect(str(tmp_path / "moved"), ["0.6"], ["0"], ["matpo"], ["0.6"], None)
     assert [s["workdir"] for s in results["0.6"]["matpo"]] == [str(run)]
+
+
+def test_the_tables_command_names_every_flag_that_shaped_the_runs():
+    """A grid run with --overrides (another warm start) must print a command that reruns it,
+    not the default grid's."""
+    plain = reproduce.grid_command("docs/repro", ["0.6"], ["0"], ["single", "matpo"], ["0.6"])
+    assert plain == ("python -m matpo_jax.reproduce --out=docs/repro --noise=0.6 --seeds=0 "
+                     "--variants=single,matpo --ablations_at=0.6")
+    shaped = reproduce.grid_command("out", ["0.6"], ["0"], ["matpo"], ["0.6"], ["1", "2"],
+                                    "model.hf_checkpoint=/w,pretrain.listing_fraction=0.3")
+    assert shaped.endswith(" --ablation_seeds=1,2 --overrides="
+                           "'model.hf_checkpoint=/w,pretrain.listing_fraction=0.3'")
