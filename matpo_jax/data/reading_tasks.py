@@ -98,6 +98,13 @@ class ReadingTaskWriter:
         facts.update(fixed or {})
         return dataclasses.replace(entity, facts=facts, fact_doc={})
 
+    def _write_page(self, rng: np.random.Generator, subject: Entity, phrases: list[str],
+                    page: int, noise: float):
+        """The world's page writer on the subject's facts as drawn (values are names already)."""
+        return world_lib.write_page(rng, rng, subject, phrases, page, self.names,
+                                    lambda value, relation: value, noise, MAX_NOISE_SENTENCES,
+                                    self.fact_style)
+
     def _page(self, rng: np.random.Generator, subject: Entity,
               must_show: tuple[str, ...] = ()) -> tuple[str, list[str]]:
         """The subject's page as the open tool shows it ("id | title\ncontents", capped), and the
@@ -106,9 +113,7 @@ class ReadingTaskWriter:
         for _ in range(16):
             rng.shuffle(phrases)
             noise = float(rng.uniform(*self.noise))
-            doc = world_lib.write_page(rng, rng, subject, phrases, int(rng.random() < 0.3),
-                                       self.names, lambda value, relation: value, noise,
-                                       MAX_NOISE_SENTENCES, self.fact_style)
+            doc = self._write_page(rng, subject, phrases, int(rng.random() < 0.3), noise)
             text = f"{doc.id} | {doc.title}\n{doc.contents}"
             if self.max_response_chars:
                 text = text[: self.max_response_chars]
@@ -189,9 +194,7 @@ class ReadingTaskWriter:
             phrases = list(subject.facts)
             rng.shuffle(phrases)
             cut = int(rng.integers(1, len(phrases)))
-            docs = [world_lib.write_page(rng, rng, subject, part, page, self.names,
-                                         lambda value, relation: value, noise,
-                                         MAX_NOISE_SENTENCES, self.fact_style)
+            docs = [self._write_page(rng, subject, part, page, noise)
                     for page, part in enumerate((phrases[:cut], phrases[cut:]))]
             right = int(rng.integers(2))  # the page stating the asked fact
             on_right = [p for p in phrases if subject.fact_doc[p] == docs[right].id]
@@ -204,11 +207,8 @@ class ReadingTaskWriter:
                 same_type = [e for e in self.by_type[entity.type] if e.id != entity.id]
                 other_entity = same_type[int(rng.integers(len(same_type)))]
             other = self._subject(rng, other_entity)
-            right_doc, other_doc = (
-                world_lib.write_page(rng, rng, who, list(who.facts), 0, self.names,
-                                     lambda value, relation: value, noise, MAX_NOISE_SENTENCES,
-                                     self.fact_style)
-                for who in (subject, other))
+            right_doc, other_doc = (self._write_page(rng, who, list(who.facts), 0, noise)
+                                    for who in (subject, other))
         query = f"the {phrase} of {subject.name}"  # the worker's first search (oracle.hop_queries)
         results = [right_doc, other_doc]
         if rng.random() < 0.5:  # either order: the choice is read, not the rank
