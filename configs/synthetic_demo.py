@@ -34,17 +34,19 @@ def get_config(arg=None):
     c.sft.update(steps=1000, lr=2e-3, rehearsal="reading", num_demos=1000)
     # RL: format credit only with a right answer (an all-wrong group then has no advantage; with
     # MATPO's rule, format differences among wrong samples dropped a seed's second delegation,
-    # docs/findings.md section 0), 8 questions a step at lr 1e-4 (4 at 2e-4 still lost 2 hops).
+    # docs/findings.md section 0). 32 questions a step at lr 3e-4 for 8 steps: from one SFT
+    # start, 8 questions a step ended at 65% whatever the lr (1e-4 to 3e-4) or the step count
+    # (20, 30), 16 a step at 68.3%, 32 at 69.2% (docs/findings.md 0p).
     c.reward.update(format_credit="when_correct")
-    c.data.update(batch_size=8)
-    # 8 micro-batches: the packed batch grows with the rollouts (64-128 rows of 1,024 tokens
-    # here), and as one micro-batch its attention alone held ~9 GB (10.7 GB peak RSS); in 8 the
-    # peak is ~2 GB (benchmarks/micro_batch_memory.py). Same update up to float rounding.
-    c.rl.update(lr=1e-4, micro_batches=8)
+    c.data.update(batch_size=32)
+    # 16 micro-batches: the packed batch grows with the rollouts (256-512 rows of 1,024 tokens
+    # at 32 questions), and its attention's memory with the rows of a micro-batch (one of 64-128
+    # rows held ~9 GB; benchmarks/micro_batch_memory.py). Same update up to float rounding.
+    c.rl.update(lr=3e-4, micro_batches=16, pack_rows=16)
     # Whole tool responses: synthetic_tiny's 320-character cap cut every two-result search
     # listing (~510 characters) before its second result, and a quarter of the pages opened.
     # With whole responses (the reproduction's setting, docs/repro) MATPO RL gained +13.6 and
     # +13.8, +12.5 points on test questions from one SFT start (30.6%), against +2 to +6 with the cap.
     c.tools.update(max_response_chars=1400)
-    c.train.update(steps=20, eval_every=10, checkpoint_every=10)
+    c.train.update(steps=8, eval_every=4, checkpoint_every=4)
     return apply_overrides(c, arg)

@@ -7,7 +7,8 @@ warm start pretrained so (warm_starts/synthetic_tiny_listings, loaded only if it
 sha256 below). It reads listings the way a worker must: after SFT it opens the right one of two
 listed pages in 73-98% of hops, where the default's workers after MATPO never open a subject's
 second page. It also starts so high (73-90% after SFT, 3 seeds) that MATPO adds +0 to +11
-points, so `make demo`, whose bar is RL's gain, keeps the default (docs/findings.md 0o).
+points, so `make demo`, whose bar is RL's gain, keeps the default (docs/findings.md 0o; those
+figures are with the demo's RL recipe of Dec 4, 20 steps of 8 questions at lr 1e-4).
 
   python -m matpo_jax.demo --config=configs/synthetic_demo_listings.py --workdir=runs/listings
   rebuild the warm start (31 min on a 2-core CPU; then set WARM_START_SHA256 to what it prints):

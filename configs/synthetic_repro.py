@@ -32,6 +32,12 @@ def get_config(arg=None):
     c.train.seed = a.seed
     c.data.shuffle_seed = a.seed
     c.tools.max_response_chars = 1400  # whole pages (as the demo): the noise is in the context
+    # The RL recipe docs/repro's table was measured with (Dec 4): 20 steps of 8 questions at lr
+    # 1e-4. The demo has since moved to 8 steps of 32 (docs/findings.md 0p); the grid keeps its
+    # own until it is rerun, so its committed table stays what this config reproduces.
+    c.data.batch_size = 8
+    c.rl.update(lr=1e-4, micro_batches=8, pack_rows=8)
+    c.train.update(steps=20, eval_every=10, checkpoint_every=10)
     if a.mode == "single":
         # The single agent does every hop itself: as many turns per hop as a MATPO worker gets
         # (search, open, ... per hop, then the answer). With the planner's 4 it could not finish
