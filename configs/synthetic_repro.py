@@ -21,8 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def get_config(arg=None):
     a = parse_arg(arg, mode="matpo", noise=0.6, seed=0, recap=True, summary=True)
-    # The demo's model (the reading warm start), world, SFT and RL recipe: only the ways of
-    # working, the noise and the tool output's length differ.
+    # The demo's model (the reading warm start), world and SFT recipe (its RL recipe of Dec 4 is
+    # pinned below): only the ways of working, the noise and the tool output's length differ.
     c = load_config_file(os.path.join(HERE, "synthetic_demo.py"))
     c.rollout.mode = a.mode
     c.sft.modes = a.mode  # each method's SFT demonstrates its own way of working...
