@@ -41,7 +41,8 @@ def get_config(arg=None):
     c.data.update(batch_size=32)
     # 16 micro-batches: the packed batch grows with the rollouts (256-512 rows of 1,024 tokens
     # at 32 questions), and its attention's memory with the rows of a micro-batch (one of 64-128
-    # rows held ~9 GB; benchmarks/micro_batch_memory.py). Same update up to float rounding.
+    # rows held ~9 GB; benchmarks/micro_batch_memory.py; three demos side by side held ~5 GB in
+    # all). Same update up to float rounding. pack_rows: at least a row per micro-batch.
     c.rl.update(lr=3e-4, micro_batches=16, pack_rows=16)
     # Whole tool responses: synthetic_tiny's 320-character cap cut every two-result search
     # listing (~510 characters) before its second result, and a quarter of the pages opened.
