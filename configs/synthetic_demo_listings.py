@@ -7,8 +7,10 @@ warm start pretrained so (warm_starts/synthetic_tiny_listings, loaded only if it
 sha256 below). It reads listings the way a worker must: after SFT it opens the right one of two
 listed pages in 73-98% of hops, where the default's workers after MATPO never open a subject's
 second page. It also starts so high (73-90% after SFT, 3 seeds) that MATPO adds +0 to +11
-points, so `make demo`, whose bar is RL's gain, keeps the default (docs/findings.md 0o; those
-figures are with the demo's RL recipe of Dec 4, 20 steps of 8 questions at lr 1e-4).
+points, so `make demo`, whose bar is RL's gain, keeps the default (docs/findings.md 0o). Its RL
+recipe is the demo's of Dec 4, 20 steps of 8 questions at lr 1e-4, pinned below: from this warm
+start the demo's current 8 steps of 32 at lr 3e-4 end lower (88.3 / 78.3 / 72.8% against
+90.3 / 83.9 / 83.6%, docs/findings.md 0q).
 
   python -m matpo_jax.demo --config=configs/synthetic_demo_listings.py --workdir=runs/listings
   rebuild the warm start (31 min on a 2-core CPU; then set WARM_START_SHA256 to what it prints):
@@ -29,4 +31,8 @@ def get_config(arg=None):
     c.model.hf_checkpoint = WARM_START
     c.model.hf_checkpoint_sha256 = WARM_START_SHA256
     c.pretrain.listing_fraction = 0.3
+    # The Dec 4 RL recipe (see above); the planner's delegation drifts under the larger steps.
+    c.data.batch_size = 8
+    c.rl.update(lr=1e-4, micro_batches=8, pack_rows=8)
+    c.train.update(steps=20, eval_every=10, checkpoint_every=10)
     return apply_overrides(c, arg)
