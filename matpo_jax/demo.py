@@ -16,6 +16,7 @@ import time
 from absl import app
 
 from matpo_jax import config as config_lib
+from matpo_jax.run.eval import paired
 
 # The same command line as train (--config.a.b=v overrides, --allow_config_change, --verbose).
 _RUN = config_lib.define_run_flags(default_config="configs/synthetic_demo.py",
@@ -40,6 +41,20 @@ def results_table(sft_eval: dict, final_eval: dict) -> str:
     return "\n".join(lines)
 
 
+def paired_line(eval_dir: str) -> str:
+    """The gain over the same questions, with its 95% interval and McNemar's test."""
+    before, after = (os.path.join(eval_dir, f"{tag}_questions.jsonl") for tag in ("sft", "final"))
+    if not (os.path.exists(before) and os.path.exists(after)):
+        return "paired: no per-question results of both evaluations"
+    g = paired.compare(before, after)["all"]
+    test = "" if g.mcnemar_p is None else (
+        f"; {g.wrong_to_right} wrong -> right, {g.right_to_wrong} right -> wrong, McNemar p = "
+        f"{g.mcnemar_p:.2g}")
+    return (f"gain {100 * g.gain:+.1f} points over the same {g.questions} questions (95% interval "
+            f"{100 * g.ci_low:+.1f} to {100 * g.ci_high:+.1f}{test}); per hop count: "
+            f"python -m matpo_jax.run.eval.paired --before={before} --after={after}")
+
+
 @config_lib.one_line_errors
 def main(argv):
     del argv
@@ -53,6 +68,7 @@ def main(argv):
     print(results_table(summary["sft_eval"], summary["final_eval"]))
     print(f"\nquestions: {int(summary['final_eval'].get('eval/questions', 0))} "
           f"({cfg.eval.split} split); wall time {time.time() - start:.0f} s")
+    print(paired_line(os.path.join(summary["workdir"], "eval")))
     print(f"plots:   {os.path.join(summary['workdir'], 'plots')}")
     print(f"metrics: {os.path.join(summary['workdir'], 'metrics.jsonl')} (TensorBoard: "
           f"{os.path.join(summary['workdir'], 'tensorboard')})")

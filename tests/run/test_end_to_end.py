@@ -22,6 +22,7 @@ import pytest
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.run.eval import paired
 from matpo_jax.config import load_config_file, read_saved_config, to_typed
 from fixtures.xla import xla_flags
 
@@ -187,6 +188,16 @@ def _check_whole_job(workdir: str, rl_steps: int) -> None:
     for tag in ("sft", "final"):
         assert summary[f"{tag}_eval"]["eval/questions"] == 4
         assert os.path.exists(os.path.join(workdir, "eval", f"{tag}_samples.txt"))
+    # Each evaluation's outcome per question: the question-by-question comparison of the two
+    # reads the accuracies the summary logged.
+    questions = {tag: os.path.join(workdir, "eval", f"{tag}_questions.jsonl")
+                 for tag in ("sft", "final")}
+    gains = paired.compare(questions["sft"], questions["final"], by="hops")
+    assert gains["all"].questions == 4
+    assert gains["all"].before == pytest.approx(summary["sft_eval"]["eval/accuracy"])
+    assert gains["all"].after == pytest.approx(summary["final_eval"]["eval/accuracy"])
+    for key in (k for k in summary["final_eval"] if k.startswith("eval/accuracy_hop")):
+        assert gains[f"hops={key[-1]}"].after == pytest.approx(summary["final_eval"][key])
     every, curve = cfg["train"]["eval_every"], cfg["eval"]["curve_questions"]
     assert [(step, questions) for step, questions, _ in _curve(workdir)] == [
         (step, curve) for step in [0, *range(every, rl_steps, every), rl_steps]]
@@ -222,7 +233,7 @@ def test_whole_job_then_sigkill_mid_rl_and_rerun_gives_bitwise_identical_params(
     for name in ("metrics.jsonl", os.path.join("sft", "metrics.jsonl")):
         assert not _differences(os.path.join(straight, name), os.path.join(resumed, name)), name
     for tag in ("sft", "final"):  # evaluations, and the transcripts they decoded
-        for name in (f"{tag}.json", f"{tag}_samples.txt"):
+        for name in (f"{tag}.json", f"{tag}_samples.txt", f"{tag}_questions.jsonl"):
             with open(os.path.join(straight, "eval", name)) as a, \
                     open(os.path.join(resumed, "eval", name)) as b:
                 assert a.read() == b.read(), name

@@ -7,12 +7,15 @@ benchmark's `eval/<dataset>/accuracy`, `.../not_attempted`, `.../tool_calls_per_
 `.../worker_calls_per_question`, `.../judge_failures`, `.../questions`.
 
 Files of the evaluation `tag`, in <workdir>/eval/: <tag>.json (every metric), <tag>_samples.txt
-(a few decoded transcripts of the synthetic world), <tag>/report.md and report.json (the
-benchmarks' table, summary.py) beside <tag>/<dataset>/ (results.py).
+(a few decoded transcripts of the synthetic world), <tag>_questions.jsonl (the synthetic world's
+outcome per question, as results.py's lines: `python -m matpo_jax.run.eval.paired` compares two),
+<tag>/report.md and report.json (the benchmarks' table, summary.py) beside <tag>/<dataset>/
+(results.py).
 """
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 from typing import Mapping, Sequence
@@ -64,6 +67,9 @@ def write_evaluation(eval_dir: str, tag: str, evaluations: Sequence[Evaluation],
         if evaluation.samples_text is not None:
             write_text_atomic(os.path.join(eval_dir, f"{tag}_samples.txt"),
                               evaluation.samples_text)
+        if evaluation.question_results is not None:
+            write_text_atomic(os.path.join(eval_dir, f"{tag}_questions.jsonl"), "".join(
+                json.dumps(line) + "\n" for line in evaluation.question_results))
     summaries: dict[str, Mapping] = {}
     for evaluation in evaluations:
         summaries.update(evaluation.summaries or {})

@@ -91,7 +91,19 @@ class WorldEvaluator:
                         multihost.combine_metrics([part["stats"] for part in gathered]).items()})
         if self.curve_questions:
             metrics.update(report.question_metrics(rows[:self.curve_questions], "curve/"))
-        return Evaluation(metrics, samples_text=self._samples(graded, records, policy.chat))
+        return Evaluation(metrics, samples_text=self._samples(graded, records, policy.chat),
+                          question_results=[self._result_line(row) for row in rows])
+
+    def _result_line(self, row: QuestionRow) -> dict:
+        """results.py's line of one question (one greedy sample, graded by the training reward's
+        accuracy)."""
+        record = self.records[row.index]
+        return {"id": record.get("id", f"{self.rt.cfg.eval.split}-{row.index:05d}"),
+                "question": record["question"], "answers": [record["answer"]],
+                "categories": {"hops": [str(row.hops)]}, "grader": self.rt.cfg.reward.method,
+                "samples": [{"grade": "correct" if row.accuracy >= 1.0 else "incorrect",
+                             "answered": bool(row.answered), "tool_calls": row.tool_calls,
+                             "worker_calls": row.worker_calls}]}
 
     @staticmethod
     def _samples(graded, records, chat) -> str:
