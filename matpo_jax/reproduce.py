@@ -73,7 +73,7 @@ COMPARED = ("single", "matpo")  # run at every noise level and seed; the rest on
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The bars the issue sets for the comparison at the highest noise level.
 MIN_GAP_POINTS, MIN_GAP_IN_POOLED_SD = 5.0, 2.0
-SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt")
+SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt", "sft_questions.jsonl")
 # The variants that change only the RL update: compared with the two methods in their own table.
 SUCCESSORS = tuple(name for name, variant in VARIANTS.items() if variant.rl)
 # The prompt-format ablations (their own SFT, MATPO's RL): compared with MATPO in their own table.

@@ -175,9 +175,11 @@ def test_later_seeds_take_the_shared_starts_evaluation(tmp_path):
     evaluated = tmp_path / "runs" / "matpo_noise0.6_seed0" / "eval"
     evaluated.mkdir(parents=True)
     (evaluated / "sft.json").write_text('{"eval/accuracy": 0.25}')
+    (evaluated / "sft_questions.jsonl").write_text('{"id": "q0"}\n')  # for run.eval.paired
     second.before_start()
     copied = tmp_path / "runs" / "matpo_noise0.6_seed1" / "eval" / "sft.json"
     assert copied.read_text() == '{"eval/accuracy": 0.25}'
+    assert (copied.parent / "sft_questions.jsonl").read_text() == '{"id": "q0"}\n'
     assert not second.done()
     (copied.parent.parent / "summary.json").write_text("{}")
     assert second.done()
