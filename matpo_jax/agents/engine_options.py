@@ -1,7 +1,8 @@
 """How the rollout engine runs a batch (not what it samples): knobs for benchmarks and tests.
 
 What is sampled (roles, G, turns, budgets, sampling) is the config's `RolloutSection`; these
-options have no config field, so their defaults are declared only here.
+options have no config field, so their defaults are declared only here (injection_lanes
+excepted: left None, `rollout.injection_lanes` sets it).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ class EngineOptions:
     # host call pays the smallest width >= its longest injection (longer: chunks of the last),
     # on all slots: finer widths cost compilations, save compute on prompts and re-prefills.
     injection_buckets: tuple[int, ...] | None = None
-    # Rows one injection extend writes together (None: sampler.default_lanes(slots)); a host call
-    # writing into n slots runs ceil(n / lanes) extends of that many rows.
+    # Rows one injection extend writes together (None: rollout.injection_lanes, whose 0 means
+    # sampler.default_lanes(slots)); a host call writing into n slots runs ceil(n / lanes)
+    # extends of that many rows.
     injection_lanes: int | None = None
     tool_threads: int = 16  # concurrent tool calls per host call
     # The longest the engine waits for one search/open call, from its submission: past it the

@@ -150,6 +150,8 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
     rollouts share one compiled loop.
     """
     start = time.perf_counter()
+    if options.injection_lanes is None and cfg.injection_lanes:  # the options win when set
+        options = dataclasses.replace(options, injection_lanes=cfg.injection_lanes)
     tool_counts = _tool_counts(toolbox)
     pool = concurrent.futures.ThreadPoolExecutor(options.tool_threads)
     planner_sampling, planner_stops, more_profiles = sampling_profiles(cfg, chat)

@@ -159,6 +159,12 @@ class RolloutSection(Section):
     max_worker_calls_per_turn: int = setting(1, "subagent calls one planner turn may make (the "
                                              "rest get an error)", range=AT_LEAST_ONE)
     decode_slots: int = setting(32, "concurrent sequences in the decode batch", range=AT_LEAST_ONE)
+    # A host call writing into n slots runs ceil(n / lanes) extends of `lanes` rows, each as wide
+    # as its longest write. Few lanes: fewer padded positions; many: fewer passes over the
+    # weights. A tiny model pays per position (docs/findings.md 0s: 1 lane, 1.4x faster rollouts
+    # in the demo, the same tokens); a large one per pass.
+    injection_lanes: int = setting(0, "rows one injection extend writes together (0: an eighth "
+                                   "of decode_slots)", range=NON_NEGATIVE)
     # Off: prefill every prompt in full.
     reuse_prefixes: bool = setting(True, "compute each role's system turn (and each question's "
                                    "prompt, shared by its G samples) once per batch")

@@ -7,6 +7,9 @@ teacher-forced forward pass), links between planners and workers, and the metric
 """
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import numpy as np
 import pytest
 
@@ -14,7 +17,8 @@ from matpo_jax.agents import prompts
 from matpo_jax.agents.rollout_metrics import rollout_stats
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 
-from rollout_scenarios import ADA, PAIR, REPORT_MAX_CHARS, TURING, assert_masks_and_logprobs
+from rollout_scenarios import (ADA, BASE, PAIR, REPORT_MAX_CHARS, TURING,
+                               assert_masks_and_logprobs)
 
 
 def contains(haystack, needle) -> bool:
@@ -146,6 +150,35 @@ def test_prefix_reuse_changes_no_token(batch, rollout):
     for reused, full in zip(batch.rollouts, plain.rollouts):
         assert reused.tokens == full.tokens and reused.trainable == full.trainable
         np.testing.assert_allclose(reused.logprobs, full.logprobs, atol=1e-5)
+
+
+def test_injection_lanes_change_the_work_not_the_tokens(policy, toolbox, batch, monkeypatch):
+    """rollout.injection_lanes reaches the sampler, and an EngineOptions value wins over it: all
+    3 slots extended together instead of one at a time (the default for 3 slots) compute more
+    padded positions and sample the same tokens."""
+    from matpo_jax.agents import rollout as rollout_lib
+    lanes_seen, run_slots = [], rollout_lib.sampler.run_slots
+
+    def recording(*args, **kwargs):
+        lanes_seen.append(kwargs["lanes"])
+        return run_slots(*args, **kwargs)
+
+    monkeypatch.setattr(rollout_lib.sampler, "run_slots", recording)
+    cfg = dataclasses.replace(BASE, group_size=2, injection_lanes=3)
+
+    def run(options=rollout_lib.EngineOptions()):
+        return rollout_lib.run_rollouts(policy.state, policy.graphdef, policy.chat, toolbox,
+                                        [ADA.question, PAIR.question], cfg, jax.random.key(0),
+                                        options)
+
+    wide = run()
+    assert wide.metrics["extend_positions"] > batch.metrics["extend_positions"]
+    for a, b in zip(wide.rollouts, batch.rollouts):
+        assert (a.tokens, a.trainable) == (b.tokens, b.trainable)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    narrow = run(rollout_lib.EngineOptions(injection_lanes=1))
+    assert lanes_seen == [3, 1]
+    assert narrow.metrics["extend_positions"] == batch.metrics["extend_positions"]
 
 
 def test_async_tools_change_no_token(batch, rollout):
