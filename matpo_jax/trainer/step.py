@@ -290,8 +290,12 @@ def make_gradient_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: T
 
 def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: TrainState):
     """(params, frozen, batch) -> numpy [rows, T] log-probs of the batch's tokens under `params`,
-    computed as the loss computes them (0 where a token cannot be predicted), a micro-batch at a
-    time like the train step. For the frozen reference policy of the KL term."""
+    computed as the loss computes them, at the loss mask's positions (0 elsewhere: the KL term and
+    the rollout correction read no others), a micro-batch at a time like the train step. For the
+    frozen reference policy of the KL term and the rollout correction's recomputed log-probs.
+    Only the scored positions go through the output head, as in the train step
+    (`logprobs.scored_next_token_logprobs`): the head and its log-softmax over every position cost
+    about as much as the decoder of this pass on a small model."""
     micro = config.micro_batches
 
     def logprobs(params, frozen, batch: PackedBatch):
@@ -299,11 +303,13 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
         split = jax.tree.map(lambda x: x[0], _split_rows(batch, 1, micro, mesh))
 
         def one(micro_batch):
-            logits = model(micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids)
             temperature = loss_lib.role_temperatures(micro_batch.role_ids, config.temperature,
                                                      config.worker_temperature)
-            return loss_lib.token_logprobs(logits, micro_batch.tokens, micro_batch.segment_ids,
-                                           temperature=temperature)[0]
+            return logprobs_lib.score_tokens(
+                model, micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids,
+                temperature=temperature, seq_block=config.logprob_seq_block,
+                vocab_block=config.logprob_vocab_block, scored=micro_batch.loss_mask != 0,
+                scored_capacity=loss_lib.scored_capacity(micro_batch.tokens.shape[1]))[0]
 
         def one_unless_empty(micro_batch):
             return jax.lax.cond(jnp.any(micro_batch.segment_ids != 0), one,
