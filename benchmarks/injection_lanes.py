@@ -30,8 +30,8 @@ from matpo_jax.data.task_assets import prepare_task  # noqa: E402
 from matpo_jax.run import runtime  # noqa: E402
 from matpo_jax.run.experiment import world_data_dir  # noqa: E402
 from matpo_jax.run.rl import model_state, question_loader  # noqa: E402
+from matpo_jax.run import sft as sft_phase  # noqa: E402
 from matpo_jax.tools.search_server import SearchServer  # noqa: E402
-from matpo_jax.trainer import checkpoint as ckpt_lib  # noqa: E402
 from matpo_jax.trainer import loop as loop_lib  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,11 +42,7 @@ def sft_policy(cfg, mesh):
     loop = loop_lib.TrainLoop(runtime.loop_config(cfg, "rl", None), runtime.build_model(cfg, mesh),
                               runtime.optimizer_config(cfg, "rl"), runtime.step_config(cfg, "rl"),
                               mesh)
-    with ckpt_lib.Checkpointer(cfg.sft.init_checkpoint) as shared:
-        restored = shared.restore_latest(loop.state.params)
-    if restored is None:
-        raise FileNotFoundError(f"{cfg.sft.init_checkpoint} holds no checkpoint: run the demo first")
-    return loop.graphdef, model_state(loop.state.replace(params=restored.params))
+    return loop.graphdef, model_state(sft_phase.restore_shared_start(cfg, loop.state))
 
 
 def main() -> None:
@@ -85,8 +81,10 @@ def main() -> None:
                                      prefix_rows=runtime.prefix_rows(cfg))
                 seconds = time.perf_counter() - start
                 row = rows[n]
-                row["seconds" if repeat else "first_call_s"] = (
-                    row["seconds"] + [seconds] if repeat else seconds)
+                if repeat:
+                    row["seconds"].append(seconds)
+                else:
+                    row["first_call_s"] = seconds
                 tokens = [r.tokens for r in batch.rollouts]
                 logprobs = [np.asarray(r.logprobs) for r in batch.rollouts]
                 if reference is None:

@@ -90,7 +90,7 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     return seqs
 
 
-def _restore_shared_start(cfg, state):
+def restore_shared_start(cfg, state):
     """The SFT result of another run (`sft.init_checkpoint`), so several RL runs share one start."""
     directory = cfg.sft.init_checkpoint
     with ckpt_lib.Checkpointer(directory) as shared:
@@ -132,7 +132,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
         graphdef, state, _ = step_lib.init_train_state(model, optax.identity(), rt.mesh,
                                                        seed=cfg.train.seed)
         if cfg.sft.init_checkpoint:
-            return graphdef, _restore_shared_start(cfg, state)
+            return graphdef, restore_shared_start(cfg, state)
         if cfg.sft.copy_steps > 0:
             state = state.replace(params=copy_lib.run_copy_pretraining(rt, model))
         log.info("sft.steps = 0: no SFT")
@@ -141,7 +141,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
     loop = loop_lib.TrainLoop(loop_config(cfg, "sft", rt.path("checkpoints", "sft")), model,
                               optimizer_config(cfg, "sft"), scfg, rt.mesh)
     if cfg.sft.init_checkpoint:
-        return loop.graphdef, _restore_shared_start(cfg, loop.state)
+        return loop.graphdef, restore_shared_start(cfg, loop.state)
     batches = _SFTBatches(rt, model, scfg)
     return loop.graphdef, loop.run(batches, writer=writer, on_start=batches.prepare)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from matpo_jax.agents import prompts
+from matpo_jax.agents import rollout as rollout_lib
 from matpo_jax.agents.rollout_metrics import rollout_stats
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER
 
@@ -156,7 +157,6 @@ def test_injection_lanes_change_the_work_not_the_tokens(policy, toolbox, batch, 
     """rollout.injection_lanes reaches the sampler, and an EngineOptions value wins over it: all
     3 slots extended together instead of one at a time (the default for 3 slots) compute more
     padded positions and sample the same tokens."""
-    from matpo_jax.agents import rollout as rollout_lib
     lanes_seen, run_slots = [], rollout_lib.sampler.run_slots
 
     def recording(*args, **kwargs):

@@ -169,7 +169,7 @@ def test_shared_sft_start_restores_another_runs_params(tmp_path):
     import dataclasses
 
     from matpo_jax.config import base_config
-    from matpo_jax.run.sft import _restore_shared_start
+    from matpo_jax.run.sft import restore_shared_start
 
     @dataclasses.dataclass
     class State:
@@ -183,9 +183,9 @@ def test_shared_sft_start_restores_another_runs_params(tmp_path):
         ckpt.save(7, params=saved, opt_state=opt_state, force=True)
     cfg = base_config()
     cfg.sft.init_checkpoint = str(tmp_path / "sft")
-    restored = _restore_shared_start(cfg, State(params=small_params(seed=2)))
+    restored = restore_shared_start(cfg, State(params=small_params(seed=2)))
     assert_trees_bitwise_equal(restored.params, saved)
     cfg.sft.init_checkpoint = str(tmp_path / "empty")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="sft.init_checkpoint=.*empty"):
-        _restore_shared_start(cfg, State(params=small_params(seed=2)))
+        restore_shared_start(cfg, State(params=small_params(seed=2)))
