@@ -24,25 +24,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from matpo_jax import config as config_lib  # noqa: E402
-from matpo_jax.agents.rollout import EngineOptions, run_rollouts  # noqa: E402
-from matpo_jax.data.task_assets import prepare_task  # noqa: E402
-from matpo_jax.run import runtime  # noqa: E402
-from matpo_jax.run.experiment import world_data_dir  # noqa: E402
-from matpo_jax.run.rl import model_state, question_loader  # noqa: E402
-from matpo_jax.run import sft as sft_phase  # noqa: E402
-from matpo_jax.tools.search_server import SearchServer  # noqa: E402
-from matpo_jax.trainer import loop as loop_lib  # noqa: E402
+from demo_run import first_step  # noqa: E402
+from matpo_jax.agents.rollout import EngineOptions  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def sft_policy(cfg, mesh):
-    """(graphdef, model state) of the checkpoint cfg.sft.init_checkpoint names."""
-    loop = loop_lib.TrainLoop(runtime.loop_config(cfg, "rl", None), runtime.build_model(cfg, mesh),
-                              runtime.optimizer_config(cfg, "rl"), runtime.step_config(cfg, "rl"),
-                              mesh)
-    return loop.graphdef, model_state(sft_phase.restore_shared_start(cfg, loop.state))
 
 
 def main() -> None:
@@ -56,29 +41,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "injection_lanes"))
     args = parser.parse_args()
     lanes = [int(x) for x in args.lanes.split(",")]
-    c = config_lib.load_config_file(args.config)
-    c = config_lib.apply_overrides(
-        c, {"sft.init_checkpoint": os.path.join(args.run, "checkpoints", "sft")})
-    cfg = config_lib.to_typed(c)
-    mesh = runtime.make_mesh(cfg)
-    assets = prepare_task(cfg, world_data_dir(cfg.data, args.run))
     started = time.perf_counter()
-    with SearchServer(assets.corpus_path) as server:
-        rt = runtime.Runtime(cfg=cfg, workdir=args.run, mesh=mesh, assets=assets,
-                             chat=runtime.run_chat(cfg, assets.chat),
-                             toolbox=runtime.make_toolbox(cfg.tools, server.url), judge=None)
-        graphdef, state = sft_policy(cfg, mesh)
-        questions = next(iter(question_loader(rt)))["question"]
-        rcfg = runtime.rollout_config(cfg)
+    with first_step(args.run, args.config) as step:
+        cfg, questions = step.cfg, step.questions["question"]
         rows, reference = {n: dict(lanes=n, seconds=[]) for n in lanes}, None
         for repeat in range(args.repeats + 1):  # the first pass compiles
             for n in lanes:
                 start = time.perf_counter()
-                batch = run_rollouts(state, graphdef, rt.chat, rt.toolbox, questions, rcfg,
-                                     runtime.rng_for(cfg.train.seed, 1, 0),
-                                     EngineOptions(injection_lanes=n), question_offset=0,
-                                     max_tool_calls_per_turn=runtime.tool_calls_per_turn(cfg),
-                                     prefix_rows=runtime.prefix_rows(cfg))
+                batch = step.rollouts(EngineOptions(injection_lanes=n))
                 seconds = time.perf_counter() - start
                 row = rows[n]
                 if repeat:

@@ -43,7 +43,11 @@ def get_config(arg=None):
     # at 32 questions), and its attention's memory with the rows of a micro-batch (one of 64-128
     # rows held ~9 GB; benchmarks/micro_batch_memory.py; three demos side by side held ~5 GB in
     # all). Same update up to float rounding. pack_rows: at least a row per micro-batch.
-    c.rl.update(lr=3e-4, micro_batches=16, pack_rows=16)
+    # A KL term to the RL start (low_var_kl, 0.05): without it a seed's planner can learn to
+    # delegate a second hop on one-hop questions (docs/findings.md 0q, 0r); with it no seed
+    # drifted on either CPU (0s, 0t). Its reference pass and the update hold each question's
+    # prompt once per packed row (rl.share_prompts, the default).
+    c.rl.update(lr=3e-4, micro_batches=16, pack_rows=16, kl_coef=0.05)
     # Whole tool responses: synthetic_tiny's 320-character cap cut every two-result search
     # listing (~510 characters) before its second result, and a quarter of the pages opened.
     # With whole responses (the reproduction's setting, docs/repro) MATPO RL gained +13.6 and

@@ -362,6 +362,11 @@ class RLSection(Section):
                              range=AT_LEAST_ONE)
     pack_len: int = setting(2048, "tokens per packed row; a whole rollout must fit in one row",
                             range=AT_LEAST_ONE)
+    # A question's G samples (and workers given one sub-task) start with the same prompt; the
+    # packed row then holds it once (trainer/packing.py). The same loss up to float rounding.
+    # The setwise ratio packs without it (its sets address columns of their own sequences).
+    share_prompts: bool = setting(True, "pack samples that share a prompt after one copy of it "
+                                  "(fewer rows to compute; not with rl.ratio=setwise)")
 
     def consistency_problems(self) -> list[str]:
         # The packer rounds the batch's rows up to micro x mini (x data shards, checked with the

@@ -30,34 +30,46 @@ def _tile(x, start, size, axis):
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _block_bias(seg_q, seg_k, q_start, k_start, group):
+def _block_bias(seg_q, seg_k, q_start, k_start, group, prefix_q=None):
     """Additive score bias of one (query block, key block) tile: 0 where the query may attend
-    (same segment and not later), MASKED_SCORE elsewhere. seg_q, seg_k: [B, block] ->
-    [B, 1, group * block, block] float32 (queries laid out group-major, as the q tiles)."""
+    (not later, and the same segment or the shared prefix its segment continues), MASKED_SCORE
+    elsewhere. seg_q, seg_k, prefix_q: [B, block] -> [B, 1, group * block, block] float32
+    (queries laid out group-major, as the q tiles)."""
     block = seg_q.shape[1]
     q_pos = q_start + jnp.arange(block, dtype=jnp.int32)
     k_pos = k_start + jnp.arange(block, dtype=jnp.int32)
-    allowed = (q_pos[:, None] >= k_pos[None, :])[None] & (seg_q[:, :, None] == seg_k[:, None, :])
+    visible = seg_q[:, :, None] == seg_k[:, None, :]
+    if prefix_q is not None:
+        visible |= (prefix_q[:, :, None] == seg_k[:, None, :]) & (prefix_q > 0)[:, :, None]
+    allowed = (q_pos[:, None] >= k_pos[None, :])[None] & visible
     bias = jnp.where(allowed, 0.0, MASKED_SCORE).astype(jnp.float32)  # [B, block, block]
     bias = jnp.broadcast_to(bias[:, None], (bias.shape[0], group, block, block))
     return bias.reshape(bias.shape[0], 1, group * block, block)
 
 
-def key_block_starts(segment_ids: jax.Array, block: int) -> jax.Array:
+def key_block_starts(segment_ids: jax.Array, block: int,
+                     prefix_ids: jax.Array | None = None) -> jax.Array:
     """[T // block] int32: for each query block, the first key block that any of its queries
-    (in any row) may attend. A query attends only keys of its own segment id, none before the
-    id's first position in the row, so the key blocks before that one are masked for every query
-    of the block: they add exact zeros to the online softmax (a later real key's correction
-    factor is exp(-1e30) = 0) and to every gradient, and skipping them changes no bit of a
-    non-padding output. Padding queries (id 0, whose outputs `packed_attention` replaces) do not
-    hold a block back; a block is never started after its own diagonal. Ids outside [0, T]:
-    every block starts at key block 0, as without the skip."""
+    (in any row) may attend. A query attends only keys of its own segment id and of its shared
+    prefix's (prefix_ids), none before the first position of either in the row, so the key blocks
+    before that one are masked for every query of the block: they add exact zeros to the online
+    softmax (a later real key's correction factor is exp(-1e30) = 0) and to every gradient, and
+    skipping them changes no bit of a non-padding output. Padding queries (id 0, whose outputs
+    `packed_attention` replaces) do not hold a block back; a block is never started after its own
+    diagonal. Ids outside [0, T]: every block starts at key block 0, as without the skip."""
     batch, length = segment_ids.shape
     position = jnp.arange(length, dtype=jnp.int32)
     in_range = (segment_ids >= 0) & (segment_ids <= length)
+    if prefix_ids is not None:
+        in_range &= (prefix_ids >= 0) & (prefix_ids <= length)
     ids = jnp.where(in_range, segment_ids, 0)
     first = jax.vmap(lambda s: jax.ops.segment_min(position, s, num_segments=length + 1))(ids)
     first_of_query = jnp.take_along_axis(first, ids, axis=1)  # [B, T]
+    if prefix_ids is not None:
+        prefixes = jnp.where(in_range, prefix_ids, 0)
+        first_of_prefix = jnp.take_along_axis(first, prefixes, axis=1)
+        first_of_query = jnp.where(prefixes > 0, jnp.minimum(first_of_query, first_of_prefix),
+                                   first_of_query)
     first_of_query = jnp.where(ids == 0, length, first_of_query)  # padding: no constraint
     blocks = length // block
     starts = jnp.min(first_of_query.reshape(batch, blocks, block), axis=(0, 2)) // block
@@ -76,27 +88,33 @@ def _scores(q_tile, k_tile, bias):
                       preferred_element_type=jnp.float32) + bias
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, segment_ids, block):
-    """q [B, K, G, T, D] (already scaled by 1/sqrt(D)), k, v [B, K, T, D], segment_ids [B, T]
-    with T a multiple of `block` -> out [B, K, G, T, D]."""
-    return _flash_fwd(q, k, v, segment_ids, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q, k, v, segment_ids, prefix_ids, block):
+    """q [B, K, G, T, D] (already scaled by 1/sqrt(D)), k, v [B, K, T, D], segment_ids and
+    prefix_ids (or None) [B, T] with T a multiple of `block` -> out [B, K, G, T, D]."""
+    return _flash_fwd(q, k, v, segment_ids, prefix_ids, block)[0]
 
 
-def _flash_fwd(q, k, v, segment_ids, block):
+def _prefix_tile(prefix_ids, start, block):
+    return None if prefix_ids is None else _tile(prefix_ids, start, block, axis=1)
+
+
+def _flash_fwd(q, k, v, segment_ids, prefix_ids, block):
     batch, kv_heads, group, length, head_dim = q.shape
     rows = group * block
-    starts = key_block_starts(segment_ids, block)
+    starts = key_block_starts(segment_ids, block, prefix_ids)
 
     def query_block(i, carry):
         out, log_norm = carry
         lo = i * block
         q_i, seg_q = _q_tile(q, lo, block), _tile(segment_ids, lo, block, axis=1)
+        prefix_q = _prefix_tile(prefix_ids, lo, block)
 
         def key_block(j, acc):
             running_max, total, acc_out = acc
             k_lo = j * block
-            bias = _block_bias(seg_q, _tile(segment_ids, k_lo, block, axis=1), lo, k_lo, group)
+            bias = _block_bias(seg_q, _tile(segment_ids, k_lo, block, axis=1), lo, k_lo, group,
+                               prefix_q)
             scores = _scores(q_i, _tile(k, k_lo, block, axis=2), bias)
             new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
             correction = jnp.exp(running_max - new_max)
@@ -124,15 +142,16 @@ def _flash_fwd(q, k, v, segment_ids, block):
     out, log_norm = jax.lax.fori_loop(
         0, length // block, query_block,
         (jnp.zeros(q.shape, v.dtype), jnp.zeros(q.shape[:-1], jnp.float32)))
-    return out, (q, k, v, segment_ids, out, log_norm)
+    return out, (q, k, v, segment_ids, prefix_ids, out, log_norm)
 
 
 def _flash_bwd(block, residuals, d_out):
-    q, k, v, segment_ids, out, log_norm = residuals
+    q, k, v, segment_ids, prefix_ids, out, log_norm = residuals
     batch, kv_heads, group, length, head_dim = q.shape
     # Softmax backward: dS = P * (dP - rowsum(P * dP)) and rowsum(P * dP) = rowsum(dO * O).
     delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    starts = key_block_starts(segment_ids, block)  # the forward's: skipped tiles add zeros
+    # the forward's: skipped tiles add zeros
+    starts = key_block_starts(segment_ids, block, prefix_ids)
 
     def query_block(i, carry):
         dq, dk, dv = carry
@@ -140,12 +159,14 @@ def _flash_bwd(block, residuals, d_out):
         q_i, do_i = _q_tile(q, lo, block), _q_tile(d_out.astype(v.dtype), lo, block)
         norm_i, delta_i = _q_tile(log_norm, lo, block), _q_tile(delta, lo, block)
         seg_q = _tile(segment_ids, lo, block, axis=1)
+        prefix_q = _prefix_tile(prefix_ids, lo, block)
 
         def key_block(j, acc):
             dq_i, dk, dv = acc
             k_lo = j * block
             k_j, v_j = _tile(k, k_lo, block, axis=2), _tile(v, k_lo, block, axis=2)
-            bias = _block_bias(seg_q, _tile(segment_ids, k_lo, block, axis=1), lo, k_lo, group)
+            bias = _block_bias(seg_q, _tile(segment_ids, k_lo, block, axis=1), lo, k_lo, group,
+                               prefix_q)
             probs = jnp.exp(_scores(q_i, k_j, bias) - norm_i[..., None])  # recomputed, f32
             dv_j = jnp.einsum("bkms,bkmd->bksd", probs.astype(v.dtype), do_i,
                               preferred_element_type=jnp.float32)
@@ -167,15 +188,20 @@ def _flash_bwd(block, residuals, d_out):
     zeros_kv = jnp.zeros(k.shape, jnp.float32)
     dq, dk, dv = jax.lax.fori_loop(0, length // block, query_block,
                                    (jnp.zeros(q.shape, jnp.float32), zeros_kv, zeros_kv))
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array,
-                     block: int = ATTENTION_BLOCK) -> jax.Array:
+                     block: int = ATTENTION_BLOCK,
+                     prefix_ids: jax.Array | None = None) -> jax.Array:
     """Causal attention within equal segment ids (0 = padding), flash-style.
+
+    prefix_ids [B, T] int (optional): the id of a shared prefix, an earlier segment of the row
+    that a token's segment continues (0: none). Its tokens also attend that segment's keys, so
+    several sequences with one prompt hold the prompt's tokens once (trainer/packing.py).
 
     q: [B, T, H, D]; k, v: [B, T, K, D]; segment_ids: [B, T] int. Returns [B, T, H * D], equal
     (up to float summation order) to `grouped_attention` with the dense packed mask. Query block
@@ -203,7 +229,8 @@ def packed_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     q_s = q * jnp.asarray(head_dim ** -0.5, q.dtype)
     q_s = pad(q_s).reshape(batch, padded, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
     k_t, v_t = pad(k).transpose(0, 2, 1, 3), pad(v).transpose(0, 2, 1, 3)  # [B, K, T, D]
-    out = _flash(q_s, k_t, v_t, pad(segment_ids), block)
+    prefix_ids = None if prefix_ids is None else pad(prefix_ids.astype(jnp.int32))
+    out = _flash(q_s, k_t, v_t, pad(segment_ids), prefix_ids, block)
     out = out[:, :, :, :length].transpose(0, 3, 1, 2, 4)  # [B, T, K, G, D]
     mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)[:, None, :, None, :]
     out = jnp.where((segment_ids != 0)[:, :, None, None, None], out, mean_v)

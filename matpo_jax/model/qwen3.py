@@ -120,7 +120,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
         """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
-        [B, T] int (causal within a segment, 0 = padding; see packed_attention). With
+        [B, T] int (causal within a segment, 0 = padding; see packed_attention), or the pair
+        (segment ids, shared-prefix ids) of rows whose sequences share prompts. With
         `layer_cache` = (k [B, K, D, S], v [B, K, S, D]) (heads-major), `mask` is a [B, T, S]
         bool (True = may attend; dense attention over the whole cache, for one-token decode
         steps) or a tuple (positions [B, T], lengths [B]) for `blocked_cached_attention`
@@ -151,8 +152,9 @@ class Attention(nnx.Module):
                 out = blocked_cached_attention(q, k, v, *mask)
             else:
                 out = cached_attention(q, k, v, mask)
-        else:
-            out = packed_attention(q, k, v, mask)
+        else:  # packed rows: segment ids, or (segment ids, shared-prefix ids)
+            segment_ids, prefix_ids = mask if isinstance(mask, tuple) else (mask, None)
+            out = packed_attention(q, k, v, segment_ids, prefix_ids=prefix_ids)
         return self.o_proj(out), layer_cache
 
 
@@ -201,13 +203,15 @@ class Qwen3ForCausalLM(nnx.Module):
 
     # --- training / scoring forward
 
-    def __call__(self, tokens, positions=None, segment_ids=None):
-        """Logits [B, T, V] float32 for packed rows: attention is causal within equal segment ids;
-        segment 0 marks padding. Positions default to 0..T-1 (restart them per packed segment)."""
-        return self.logits_from_hidden(self.hidden_states(tokens, positions, segment_ids))
+    def __call__(self, tokens, positions=None, segment_ids=None, prefix_ids=None):
+        """Logits [B, T, V] float32 for packed rows: attention is causal within equal segment ids
+        (and reaches the shared prefix segment `prefix_ids` names, 0 = none); segment 0 marks
+        padding. Positions default to 0..T-1 (restart them per packed segment)."""
+        return self.logits_from_hidden(self.hidden_states(tokens, positions, segment_ids,
+                                                          prefix_ids=prefix_ids))
 
     def hidden_states(self, tokens, positions=None, segment_ids=None, remat: str = "none",
-                      scan_layers: bool = False):
+                      scan_layers: bool = False, prefix_ids=None):
         """The final normalised hidden states [B, T, hidden] of __call__, for callers that project
         to the vocabulary in chunks (the full [B, T, V] float32 logits can dominate memory).
 
@@ -222,13 +226,15 @@ class Qwen3ForCausalLM(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
         if segment_ids is None:
             segment_ids = jnp.ones((batch, length), jnp.int32)
-        segment_ids = segment_ids.astype(jnp.int32)
+        mask = segment_ids.astype(jnp.int32)
+        if prefix_ids is not None:
+            mask = (mask, prefix_ids.astype(jnp.int32))
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         layer_def = nnx.graphdef(self.layers[0])
 
         def apply(layer_state, hidden):
-            return nnx.merge(layer_def, layer_state)(hidden, rope, segment_ids)[0]
+            return nnx.merge(layer_def, layer_state)(hidden, rope, mask)[0]
 
         if remat != "none":
             apply = jax.checkpoint(apply, policy=remat_policy(remat), prevent_cse=not scan_layers)

@@ -82,7 +82,8 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                 group_by: str = "planner", norm_by_std: bool = True,
                 gather: Callable[[np.ndarray], np.ndarray] | None = None,
                 set_classes: int | None = None,
-                micro_split: tuple[int, int] | None = None) -> MatpoBatch:
+                micro_split: tuple[int, int] | None = None,
+                share_prompts: bool = False) -> MatpoBatch:
     """The packed batch of one RL step.
 
     rewards: the reward of every planner / single-agent rollout, by rollout_id (workers have none
@@ -96,6 +97,8 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
     micro_split: the train step's (ppo_mini_batches, micro_batches): the rows in use then fill
     whole micro-batches and the step skips the all-padding ones (packing.fill_micro_batches_first;
     not for setwise, whose rows stay where class_bins put them).
+    share_prompts: samples with one prompt hold it once per row (packing.shared_prompt_units;
+    the same loss and gradient up to float rounding, fewer rows; not for setwise).
     """
     setwise = loss_config.ratio == "setwise"
     if setwise and group_by != "planner":
@@ -109,7 +112,8 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
                                            norm_by_std=norm_by_std)
     seqs = sequences_from_rollouts(rollouts, advantages, with_sets=setwise)
     trained = packing.trained_indices(seqs, loss_config)  # groups that all scored alike drop out
-    needed = packing.rows_needed(seqs, trained, pack_len, set_classes)
+    share_prompts = share_prompts and not setwise
+    needed = packing.rows_needed(seqs, trained, pack_len, set_classes, share_prompts)
     totals = None
     if gather is not None:
         local = packing.batch_totals(seqs)
@@ -119,7 +123,7 @@ def matpo_batch(rollouts: Sequence[Rollout], rewards: Mapping[int, float], *,
     rows = packing.bucket_rows(needed, min_rows, row_multiple)
     batch = packing.pack_sequences(seqs, pack_len, row_multiple=row_multiple, rows=rows,
                                    loss_config=loss_config, drop_inert=True, totals=totals,
-                                   set_classes=set_classes)
+                                   set_classes=set_classes, share_prompts=share_prompts)
     if micro_split is not None and not setwise:
         batch = packing.fill_micro_batches_first(batch, *micro_split)
     # Counted over the sequences that carry a gradient (not the one a batch keeps when none

@@ -76,7 +76,8 @@ def rl_batch(rt: Runtime, rollouts, golds, questions, loss_cfg, row_multiple: in
         # setwise: a group's rows share one micro-batch of the train step's mini x micro split
         set_classes=(cfg.rl.ppo_mini_batches * cfg.rl.micro_batches
                      if cfg.rl.ratio == "setwise" else None),
-        micro_split=(cfg.rl.ppo_mini_batches, cfg.rl.micro_batches))
+        micro_split=(cfg.rl.ppo_mini_batches, cfg.rl.micro_batches),
+        share_prompts=cfg.rl.share_prompts)
     metrics = rewards_lib.reward_metrics(breakdowns)
     metrics.update(scored.metrics)
     metrics.update(batch_lib.advantage_stats(rollouts, scored.advantages))

@@ -364,7 +364,8 @@ def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
         else 1.0, with_entropy=rl and needs_entropy(config),
         entropy_gradient=rl and config.entropy_coef > 0, remat=remat, scan_layers=scan_layers,
         seq_block=seq_block, vocab_block=vocab_block, scored=batch.loss_mask != 0,
-        scored_capacity=scored_capacity(batch.tokens.shape[1]))
+        scored_capacity=scored_capacity(batch.tokens.shape[1]),
+        prefix_ids=batch.prefix_ids)
     return policy_objective(logp, entropy, batch, config) if rl else sft_objective(logp, batch)
 
 

@@ -10,6 +10,14 @@ in one row (first-fit-decreasing), marks them with segment ids (1-based per row,
 attention stays within a sequence, and restarts positions per segment. `pad_sequences` is the
 one-sequence-per-row layout, kept for comparison and tests.
 
+Shared prompts (`share_prompts`): the G samples of a question start with the same prompt (the
+role's system turn and the question, or a worker's system turn and sub-task), often half of their
+tokens. A row then holds that prompt once, as a prefix segment, and each sample's segment
+continues it (positions go on from the prompt's end; `PackedBatch.prefix_ids` lets its tokens
+attend the prefix, model/packed_attention.py). The prompt's last token is kept in every sample's
+segment, so the first sampled token is still predicted inside its own segment: per token the
+logits equal the unshared layout's up to float summation order, with fewer rows to compute.
+
 The number of rows is STATIC per bucket: it is rounded up to a multiple of `row_multiple`
 (micro-batches x data-parallel devices), so the jitted train step compiles once per shape bucket
 and every micro-batch splits evenly over devices.
@@ -77,6 +85,9 @@ class PackedBatch:
     # and its column (a token in no set: 0 and its own column).
     set_row_delta: np.ndarray | None = None  # int32
     set_col: np.ndarray | None = None  # int32
+    # Shared prompts: the segment id of the prefix segment a token's segment continues (0: none);
+    # None when no row shares a prompt.
+    prefix_ids: np.ndarray | None = None  # int32
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -120,6 +131,66 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
     return bins
 
 
+# A shared prompt shorter than this stays in each sequence: a prefix segment saves little then.
+MIN_SHARED_PROMPT = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedPrompt:
+    """Sequences laid out side by side in one row after their common prompt, which the row holds
+    once: the first `shared` tokens of every member (its prompt less the last token)."""
+
+    members: tuple[int, ...]  # indices into the batch's sequences
+    shared: int
+
+    def length(self, seqs: Sequence["TrainSequence"]) -> int:
+        return self.shared + sum(len(seqs[i]) - self.shared for i in self.members)
+
+
+def _prompt_length(seq: TrainSequence) -> int:
+    """Tokens before the first sampled one (the whole sequence when none is)."""
+    sampled = np.flatnonzero(seq.trainable)
+    return int(sampled[0]) if len(sampled) else len(seq)
+
+
+def shared_prompt_units(seqs: Sequence[TrainSequence], order: Sequence[int],
+                        capacity: int) -> list:
+    """The sequences `order` as packing units: an index for a sequence on its own, a
+    `SharedPrompt` for sequences of one role whose prompts are identical (a question's G samples,
+    workers given the same sub-task). A cluster's continuations are split first-fit-decreasing
+    into groups that fit a row beside the prompt; a group of one stays a plain sequence."""
+    clusters: dict[tuple, list[int]] = {}
+    for i in order:
+        s = seqs[i]
+        clusters.setdefault((s.role_id, s.tokens[:_prompt_length(s)].tobytes()), []).append(i)
+    units: list = []
+    for members in clusters.values():
+        shared = _prompt_length(seqs[members[0]]) - 1
+        if len(members) < 2 or shared < MIN_SHARED_PROMPT:
+            units.extend(members)
+            continue
+        rests = [len(seqs[i]) - shared for i in members]
+        for group in first_fit_decreasing(rests, capacity - shared):
+            if len(group) == 1:
+                units.append(members[group[0]])
+            else:
+                units.append(SharedPrompt(tuple(members[j] for j in group), shared))
+    return units
+
+
+def unit_length(unit, seqs: Sequence[TrainSequence]) -> int:
+    return unit.length(seqs) if isinstance(unit, SharedPrompt) else len(seqs[unit])
+
+
+def plain_or_shared_bins(seqs: Sequence[TrainSequence], order: Sequence[int], capacity: int,
+                         share_prompts: bool) -> list[list]:
+    """Rows (first-fit-decreasing) of the sequences `order`: indices, and with share_prompts
+    `SharedPrompt` units."""
+    units = shared_prompt_units(seqs, order, capacity) if share_prompts else list(order)
+    bins = first_fit_decreasing([unit_length(u, seqs) for u in units], capacity)
+    return [[units[j] for j in b] for b in bins]
+
+
 def class_bins(seqs: Sequence[TrainSequence], order: Sequence[int], capacity: int,
                classes: int) -> list[list[list[int]]]:
     """Setwise packing: bins (rows) per residue class of the row index mod `classes`, every group
@@ -159,11 +230,11 @@ def _interleave(per_class: list[list[list[int]]], num_rows: int) -> list[list[in
 
 
 def rows_needed(seqs: Sequence[TrainSequence], order: Sequence[int], capacity: int,
-                set_classes: int | None = None) -> int:
+                set_classes: int | None = None, share_prompts: bool = False) -> int:
     """Rows the sequences `order` fill at `capacity` tokens a row (setwise: whole groups per
-    residue class, see `class_bins`)."""
+    residue class, see `class_bins`; share_prompts: `plain_or_shared_bins`)."""
     if not set_classes:
-        return len(first_fit_decreasing([len(seqs[i]) for i in order], capacity))
+        return len(plain_or_shared_bins(seqs, order, capacity, share_prompts))
     return set_classes * max([len(b) for b in class_bins(seqs, order, capacity, set_classes)]
                              + [0])
 
@@ -187,11 +258,12 @@ def _loss_masks(seqs: Sequence[TrainSequence]) -> list[np.ndarray]:
     return masks
 
 
-def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: int, row_len: int,
+def layout_bins(seqs: Sequence[TrainSequence], bins: list[list], num_rows: int, row_len: int,
                 max_len: int, loss_config: LossConfig,
                 totals: WeightTotals | None = None) -> PackedBatch:
-    """The batch for a given assignment of sequences to rows (bins of indices into `seqs`).
-    totals: the whole batch's normalisers when `seqs` are one process's part (`batch_totals`)."""
+    """The batch for a given assignment of sequences to rows (bins of indices into `seqs`, or of
+    `SharedPrompt` units). totals: the whole batch's normalisers when `seqs` are one process's
+    part (`batch_totals`)."""
     masks = _loss_masks(seqs)
     # seq-mean-token-sum-norm divides by a CONSTANT: the configured max_len (the padded length),
     # never the row length a particular batch happened to get.
@@ -210,24 +282,40 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list[int]], num_rows: 
         ref_logprobs=(np.zeros(shape, np.float32)
                       if any(s.ref_logprobs is not None for s in seqs) else None),
     )
+    if any(isinstance(u, SharedPrompt) for members in bins for u in members):
+        batch.prefix_ids = np.zeros(shape, np.int32)
     for row, members in enumerate(bins):
-        start = 0
-        for segment, i in enumerate(members, start=1):
-            s, n = seqs[i], len(seqs[i])
-            span = slice(start, start + n)
-            batch.tokens[row, span] = s.tokens
-            batch.positions[row, span] = np.arange(n)
-            batch.segment_ids[row, span] = segment
-            batch.role_ids[row, span] = s.role_id
-            batch.loss_mask[row, span] = masks[i]
-            # The scalar advantage on EVERY loss token of this sequence (worker or planner).
-            batch.advantages[row, span] = masks[i] * np.float32(s.advantage)
-            batch.old_logprobs[row, span] = s.old_logprobs
-            batch.loss_weights[row, span] = weights[i]
-            batch.rollout_ids[row, span] = s.rollout_id
-            if s.ref_logprobs is not None:
-                batch.ref_logprobs[row, span] = s.ref_logprobs
-            start += n
+        start, segment = 0, 0
+        for unit in members:
+            shared, prefix = 0, 0
+            if isinstance(unit, SharedPrompt):
+                shared, segment = unit.shared, segment + 1
+                prefix, first = segment, seqs[unit.members[0]]
+                span = slice(start, start + shared)
+                batch.tokens[row, span] = first.tokens[:shared]
+                batch.positions[row, span] = np.arange(shared)
+                batch.segment_ids[row, span] = segment
+                batch.role_ids[row, span] = first.role_id
+                start += shared
+            for i in (unit.members if shared else (unit,)):
+                s, segment = seqs[i], segment + 1
+                n = len(s) - shared
+                span, own = slice(start, start + n), slice(shared, None)
+                batch.tokens[row, span] = s.tokens[own]
+                batch.positions[row, span] = np.arange(shared, len(s))
+                batch.segment_ids[row, span] = segment
+                if prefix:
+                    batch.prefix_ids[row, span] = prefix
+                batch.role_ids[row, span] = s.role_id
+                batch.loss_mask[row, span] = masks[i][own]
+                # The scalar advantage on EVERY loss token of this sequence (worker or planner).
+                batch.advantages[row, span] = masks[i][own] * np.float32(s.advantage)
+                batch.old_logprobs[row, span] = s.old_logprobs[own]
+                batch.loss_weights[row, span] = weights[i][own]
+                batch.rollout_ids[row, span] = s.rollout_id
+                if s.ref_logprobs is not None:
+                    batch.ref_logprobs[row, span] = s.ref_logprobs[own]
+                start += n
     if any(s.set_turns is not None for s in seqs):
         _anchor_sets(batch, seqs, bins)
     return batch
@@ -317,7 +405,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
                    rows: int | None = None, row_len_multiple: int | None = None,
                    loss_config: LossConfig,
                    drop_inert: bool = False, totals: WeightTotals | None = None,
-                   set_classes: int | None = None) -> PackedBatch:
+                   set_classes: int | None = None, share_prompts: bool = False) -> PackedBatch:
     """Several sequences per row (first-fit-decreasing); rows rounded up to row_multiple.
 
     row_len_multiple: also pick the row length, among its multiples from the longest sequence up
@@ -329,8 +417,12 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
     set_classes: setwise ratio, the train step's mini x micro batches: each group's rows share
     one residue mod set_classes, i.e. one micro-batch (`class_bins`); the sequences must carry
     set_turns, and row_multiple and rows must be multiples of it.
+    share_prompts: sequences with the same prompt hold it once per row (`shared_prompt_units`);
+    not with set_classes (a set's anchor is a column of its own sequence).
     """
     _check_lengths(seqs, max_len)
+    if set_classes and share_prompts:
+        raise PackingError("share_prompts cannot be combined with set_classes (setwise ratio)")
     if set_classes:
         if row_multiple % set_classes or (rows is not None and rows % set_classes):
             raise PackingError(f"set_classes={set_classes} must divide row_multiple="
@@ -350,7 +442,7 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
             per_class = class_bins(seqs, order, row_len, set_classes)
             needed = set_classes * max([len(b) for b in per_class] + [0])
         else:
-            bins = [[order[j] for j in b] for b in first_fit_decreasing(lengths, row_len)]
+            bins = plain_or_shared_bins(seqs, order, row_len, share_prompts)
             needed = len(bins)
         if rows is not None and needed > rows:
             continue
@@ -360,7 +452,8 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
         if best is None or num_rows * row_len < best[0] * best[1]:
             best = (num_rows, row_len, bins)
     if best is None:  # nothing fits in `rows`: let _num_rows raise with the count at max_len
-        _num_rows(rows_needed(seqs, order, max_len, set_classes), row_multiple, rows)
+        _num_rows(rows_needed(seqs, order, max_len, set_classes, share_prompts), row_multiple,
+                  rows)
     num_rows, row_len, bins = best
     return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config, totals)
 

@@ -309,7 +309,8 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
                 model, micro_batch.tokens, micro_batch.positions, micro_batch.segment_ids,
                 temperature=temperature, seq_block=config.logprob_seq_block,
                 vocab_block=config.logprob_vocab_block, scored=micro_batch.loss_mask != 0,
-                scored_capacity=loss_lib.scored_capacity(micro_batch.tokens.shape[1]))[0]
+                scored_capacity=loss_lib.scored_capacity(micro_batch.tokens.shape[1]),
+                prefix_ids=micro_batch.prefix_ids)[0]
 
         def one_unless_empty(micro_batch):
             return jax.lax.cond(jnp.any(micro_batch.segment_ids != 0), one,

@@ -426,6 +426,7 @@ REACH: dict[str, Reach] = {
     "rl.group_by": Reach(rl_batches),
     "rl.pack_rows": Reach(rl_batches),
     "rl.pack_len": Reach(rl_batches),
+    "rl.share_prompts": Reach(rl_batches, False),
     "sft.steps": Reach(sft_optimizer),
     "sft.lr": Reach(sft_optimizer),
     "sft.num_demos": Reach(demonstrated_questions),

@@ -9,12 +9,15 @@ import pytest
 from matpo_jax.model.qwen3 import grouped_attention, packed_attention
 
 
-def dense_packed(q, k, v, segment_ids):
-    """The pre-blockwise training path: a dense [B, T, T] causal-and-same-segment mask."""
+def dense_packed(q, k, v, segment_ids, prefix_ids=None):
+    """The pre-blockwise training path: a dense [B, T, T] causal-and-same-segment mask (or the
+    segment's shared prefix)."""
     length = q.shape[1]
     causal = jnp.tril(jnp.ones((length, length), bool))
-    mask = (causal[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
-            & (segment_ids != 0)[:, :, None])
+    visible = segment_ids[:, :, None] == segment_ids[:, None, :]
+    if prefix_ids is not None:
+        visible |= (prefix_ids[:, :, None] == segment_ids[:, None, :]) & (prefix_ids > 0)[:, :, None]
+    mask = causal[None] & visible & (segment_ids != 0)[:, :, None]
     return grouped_attention(q, k, v, mask)
 
 
@@ -119,3 +122,50 @@ def test_skipping_masked_key_blocks_changes_no_bit(monkeypatch):
     every_block = jax.jit(run)()
     for name, got, want in zip(["out", "dq", "dk", "dv"], skipping, every_block):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=name)
+
+
+def shared_prefix_rows(rng, batch, length):
+    """Rows of shared prompts (a prefix segment, then 1-4 segments continuing it), plain
+    segments and padding, with lengths that cross block boundaries."""
+    seg = np.zeros((batch, length), np.int32)
+    pre = np.zeros((batch, length), np.int32)
+    for b in range(batch):
+        pos, sid = 0, 1
+        end = length - int(rng.integers(0, 12))
+        while pos < end:
+            n = min(int(rng.integers(3, 30)), end - pos)
+            seg[b, pos:pos + n], prefix = sid, sid
+            pos, sid = pos + n, sid + 1
+            if rng.random() < 0.7:  # a shared prompt: its continuations follow
+                for _ in range(int(rng.integers(1, 5))):
+                    if pos >= end:
+                        break
+                    n = min(int(rng.integers(1, 20)), end - pos)
+                    seg[b, pos:pos + n], pre[b, pos:pos + n] = sid, prefix
+                    pos, sid = pos + n, sid + 1
+    return seg, pre
+
+
+@pytest.mark.parametrize("length,block", [(96, 16), (80, 32), (70, 16)])
+def test_shared_prefixes_blockwise_equal_dense(length, block):
+    """Segments continuing a shared prefix attend it (and not each other), blockwise as dense:
+    values and all three gradients."""
+    rng = np.random.default_rng(length + block)
+    batch, heads, kv_heads, head_dim = 3, 4, 2, 8
+    q = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32)
+            for _ in range(2))
+    seg, pre = (jnp.asarray(x) for x in shared_prefix_rows(rng, batch, length))
+    assert int((pre > 0).sum()) > 0
+    cot = jnp.asarray(rng.standard_normal((batch, length, heads * head_dim)), jnp.float32)
+
+    def run(fn):
+        out, vjp = jax.vjp(fn, q, k, v)
+        return (out, *vjp(cot))
+
+    dense = jax.jit(lambda: run(lambda a, b, c: dense_packed(a, b, c, seg, pre)))()
+    blocked = jax.jit(lambda: run(
+        lambda a, b, c: packed_attention(a, b, c, seg, block=block, prefix_ids=pre)))()
+    for name, got, want in zip(["out", "dq", "dk", "dv"], blocked, dense):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
