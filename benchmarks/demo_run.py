@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+import pathlib
 
 from matpo_jax import config as config_lib
 from matpo_jax.agents.rollout import EngineOptions, run_rollouts
@@ -66,3 +68,16 @@ def first_step(run: str, config_file: str, overrides: dict | None = None):
                              toolbox=runtime.make_toolbox(cfg.tools, server.url), judge=None)
         graphdef, state = sft_policy(cfg, mesh)
         yield FirstStep(rt, graphdef, state, next(iter(question_loader(rt))))
+
+
+def write_result(result: dict, out: str, lines: list[str]) -> None:
+    """out.json (the result) and out.md (its lines), printed too."""
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(out + ".json").write_text(json.dumps(result, indent=1) + "\n")
+    pathlib.Path(out + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def machine_line(result: dict) -> str:
+    return (f"{result['cpus']} CPUs, jax {result['jax']}, load average "
+            f"{result['load_average']}.")

@@ -12,7 +12,6 @@ give the largest difference (float rounding of differently shaped extends).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -24,7 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from demo_run import first_step  # noqa: E402
+from demo_run import first_step, machine_line, write_result  # noqa: E402
 from matpo_jax.agents.rollout import EngineOptions  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -82,21 +81,18 @@ def main() -> None:
 
 
 def write(result: dict, out: str) -> None:
-    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(out + ".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# {result['benchmark']}", "",
              f"`python benchmarks/injection_lanes.py --run={result['run']}`: {result['questions']} "
              f"questions x {result['group_size']} samples, {result['decode_slots']} decode slots, "
              f"median of {result['repeats']} interleaved repeats after a compiling pass; "
-             f"{result['cpus']} CPUs, jax {result['jax']}, load average {result['load_average']}.",
+             + machine_line(result),
              "", "| lanes | seconds | speed-up | first call s | extend positions | decode steps "
              "| same tokens | max abs log-prob diff |", "|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['lanes']} | {r['median_s']:.1f} | {r['speedup_vs_first']:.2f}x | "
                      f"{r['first_call_s']:.1f} | {r['extend_positions']:,} | {r['decode_steps']:,} | "
                      f"{'yes' if r['same_tokens'] else 'NO'} | {r['max_abs_logprob_diff']:.1e} |")
-    pathlib.Path(out + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_result(result, out, lines)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import platform
@@ -27,7 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from demo_run import first_step  # noqa: E402
+from demo_run import first_step, machine_line, write_result  # noqa: E402
 from matpo_jax.data import loader as loader_lib  # noqa: E402
 from matpo_jax.run import runtime  # noqa: E402
 from matpo_jax.run.rl import rl_batch  # noqa: E402
@@ -128,14 +127,11 @@ def with_share_prompts(rt, share: bool):
 
 
 def write(result: dict, out: str) -> None:
-    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(out + ".json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# {result['benchmark']}", "",
              f"`python benchmarks/shared_prompts.py --run={result['run']}`: {result['questions']} "
              f"questions x {result['group_size']} samples, rows of {result['pack_len']} tokens "
              f"in {result['micro_batches']} micro-batches, median of {result['repeats']} "
-             f"interleaved repeats after a compiling pass; {result['cpus']} CPUs, jax "
-             f"{result['jax']}, load average {result['load_average']}.", "",
+             f"interleaved repeats after a compiling pass; " + machine_line(result), "",
              "| packing | rows (in use) | positions | update s | KL reference pass s |",
              "|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
@@ -147,8 +143,7 @@ def write(result: dict, out: str) -> None:
               f"{result['max_abs_grad_diff']:.1e} (largest gradient entry "
               f"{result['max_abs_grad']:.1e}); largest log-prob difference at a loss position "
               f"{result['max_abs_logprob_diff']:.1e}."]
-    pathlib.Path(out + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_result(result, out, lines)
 
 
 if __name__ == "__main__":
