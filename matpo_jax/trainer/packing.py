@@ -260,10 +260,11 @@ def _loss_masks(seqs: Sequence[TrainSequence]) -> list[np.ndarray]:
 
 def layout_bins(seqs: Sequence[TrainSequence], bins: list[list], num_rows: int, row_len: int,
                 max_len: int, loss_config: LossConfig,
-                totals: WeightTotals | None = None) -> PackedBatch:
+                totals: WeightTotals | None = None, share_prompts: bool = False) -> PackedBatch:
     """The batch for a given assignment of sequences to rows (bins of indices into `seqs`, or of
     `SharedPrompt` units). totals: the whole batch's normalisers when `seqs` are one process's
-    part (`batch_totals`)."""
+    part (`batch_totals`). share_prompts: the batch has prefix_ids even where no row shares a
+    prompt, so every step (and every process's part) has the same structure."""
     masks = _loss_masks(seqs)
     # seq-mean-token-sum-norm divides by a CONSTANT: the configured max_len (the padded length),
     # never the row length a particular batch happened to get.
@@ -282,7 +283,7 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list], num_rows: int, 
         ref_logprobs=(np.zeros(shape, np.float32)
                       if any(s.ref_logprobs is not None for s in seqs) else None),
     )
-    if any(isinstance(u, SharedPrompt) for members in bins for u in members):
+    if share_prompts or any(isinstance(u, SharedPrompt) for members in bins for u in members):
         batch.prefix_ids = np.zeros(shape, np.int32)
     for row, members in enumerate(bins):
         start, segment = 0, 0
@@ -455,7 +456,8 @@ def pack_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple:
         _num_rows(rows_needed(seqs, order, max_len, set_classes, share_prompts), row_multiple,
                   rows)
     num_rows, row_len, bins = best
-    return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config, totals)
+    return layout_bins(seqs, bins, num_rows, row_len, max_len, loss_config, totals,
+                       share_prompts)
 
 
 def pad_sequences(seqs: Sequence[TrainSequence], max_len: int, *, row_multiple: int = 1,

@@ -205,6 +205,9 @@ def test_matpo_batch_shares_each_questions_prompt():
         assert a.keys() == b.keys() and a
         for r in a:
             np.testing.assert_array_equal(a[r], b[r])
+    # A process whose rollouts share no prompt still gives its part the same structure.
+    lone = matpo_batch(rollouts[:1], {0: reward[0]}, share_prompts=True, **kwargs).batch
+    assert lone.prefix_ids is not None and not lone.prefix_ids.any()
     with pytest.raises(packing.PackingError, match="setwise"):
         packing.pack_sequences(prompt_groups(), ROW_LEN, loss_config=loss, share_prompts=True,
                                set_classes=1)
