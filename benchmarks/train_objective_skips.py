@@ -79,8 +79,8 @@ def switches(arm: str):
     """The arm's code path while its function is traced."""
     saved = packed_attention.key_block_starts, logprobs_lib.score_tokens
     if arm == ARMS[0]:
-        packed_attention.key_block_starts = lambda segment_ids, block: jnp.zeros(
-            segment_ids.shape[1] // block, jnp.int32)
+        packed_attention.key_block_starts = lambda segment_ids, block, prefix_ids=None: (
+            jnp.zeros(segment_ids.shape[1] // block, jnp.int32))
     if arm in ARMS[:2]:
         whole = saved[1]
         logprobs_lib.score_tokens = lambda *a, scored=None, scored_capacity=None, **k: whole(*a, **k)

@@ -111,15 +111,24 @@ def test_skipping_masked_key_blocks_changes_no_bit(monkeypatch):
     cot = jnp.asarray(rng.standard_normal((batch, length, heads * head_dim)), jnp.float32)
     cot = cot * (seg != 0)[..., None]
 
-    def run():
-        out, vjp = jax.vjp(lambda a, b, c: packed_attention(a, b, c, seg, block=block), q, k, v)
-        return (jnp.where((seg != 0)[..., None], out, 0.0), *vjp(cot))
+    def traced():
+        """A new function each time: jit would reuse the first trace for the same one."""
+        def run():
+            out, vjp = jax.vjp(lambda a, b, c: packed_attention(a, b, c, seg, block=block),
+                               q, k, v)
+            return (jnp.where((seg != 0)[..., None], out, 0.0), *vjp(cot))
+        return jax.jit(run)()
 
-    skipping = jax.jit(run)()
-    monkeypatch.setattr(attention, "key_block_starts",
-                        lambda segment_ids, block: jnp.zeros(segment_ids.shape[1] // block,
-                                                             jnp.int32))
-    every_block = jax.jit(run)()
+    skipping = traced()
+    calls = []
+
+    def every_key_block(segment_ids, block, prefix_ids=None):
+        calls.append(block)
+        return jnp.zeros(segment_ids.shape[1] // block, jnp.int32)
+
+    monkeypatch.setattr(attention, "key_block_starts", every_key_block)
+    every_block = traced()
+    assert calls  # the loops without the skip were traced
     for name, got, want in zip(["out", "dq", "dk", "dv"], skipping, every_block):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=name)
 
