@@ -27,13 +27,21 @@ from matpo_jax.trainer import loop as loop_lib
 @dataclasses.dataclass
 class FirstStep:
     rt: runtime.Runtime
-    graphdef: object
-    state: object  # the SFT policy's full model state (the sampler's input)
+    loop: loop_lib.TrainLoop  # the RL loop, its train state holding the SFT parameters
     questions: dict  # the first batch of the RL question stream
 
     @property
     def cfg(self):
         return self.rt.cfg
+
+    @property
+    def graphdef(self):
+        return self.loop.graphdef
+
+    @property
+    def state(self):
+        """The SFT policy's full model state (the sampler's input)."""
+        return model_state(self.loop.state)
 
     def rollouts(self, options: EngineOptions | None = None):
         """The step's rollouts (a RolloutBatch) under the run's sampling key for step 0."""
@@ -46,12 +54,14 @@ class FirstStep:
                             prefix_rows=runtime.prefix_rows(cfg))
 
 
-def sft_policy(cfg, mesh):
-    """(graphdef, model state) of the checkpoint cfg.sft.init_checkpoint names."""
+def sft_loop(cfg, mesh) -> loop_lib.TrainLoop:
+    """The RL train loop, its state's parameters those of the checkpoint cfg.sft.init_checkpoint
+    names."""
     loop = loop_lib.TrainLoop(runtime.loop_config(cfg, "rl", None), runtime.build_model(cfg, mesh),
                               runtime.optimizer_config(cfg, "rl"), runtime.step_config(cfg, "rl"),
                               mesh)
-    return loop.graphdef, model_state(sft_phase.restore_shared_start(cfg, loop.state))
+    loop.state = sft_phase.restore_shared_start(cfg, loop.state)
+    return loop
 
 
 @contextlib.contextmanager
@@ -66,8 +76,7 @@ def first_step(run: str, config_file: str, overrides: dict | None = None):
         rt = runtime.Runtime(cfg=cfg, workdir=run, mesh=mesh, assets=assets,
                              chat=runtime.run_chat(cfg, assets.chat),
                              toolbox=runtime.make_toolbox(cfg.tools, server.url), judge=None)
-        graphdef, state = sft_policy(cfg, mesh)
-        yield FirstStep(rt, graphdef, state, next(iter(question_loader(rt))))
+        yield FirstStep(rt, sft_loop(cfg, mesh), next(iter(question_loader(rt))))
 
 
 def write_result(result: dict, out: str, lines: list[str]) -> None:

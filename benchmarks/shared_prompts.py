@@ -30,7 +30,6 @@ from demo_run import first_step, machine_line, write_result  # noqa: E402
 from matpo_jax.data import loader as loader_lib  # noqa: E402
 from matpo_jax.run import runtime  # noqa: E402
 from matpo_jax.run.rl import rl_batch  # noqa: E402
-from matpo_jax.trainer import loop as loop_lib  # noqa: E402
 from matpo_jax.trainer import step as step_lib  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -62,11 +61,8 @@ def main() -> None:
     with first_step(args.run, args.config) as step:
         cfg, rt = step.cfg, step.rt
         rollouts = step.rollouts().rollouts
-        scfg = runtime.step_config(cfg, "rl")
-        loop = loop_lib.TrainLoop(runtime.loop_config(cfg, "rl", None),
-                                  runtime.build_model(cfg, rt.mesh),
-                                  runtime.optimizer_config(cfg, "rl"), scfg, rt.mesh)
-        state = loop.state
+        scfg, loop = runtime.step_config(cfg, "rl"), step.loop
+        state = loop.state  # the SFT parameters: the RL step's start
         golds = loader_lib.golds_of(step.questions)
         batches = {}
         for layout in LAYOUTS:
