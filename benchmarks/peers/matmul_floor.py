@@ -1,8 +1,8 @@
 """How far each sampler is from its matrix multiplications alone, and so what ratio is possible.
 
 The sampler bar (ours >= 1.5x tunix's tokens/s at batch 32, greedy) is met in some runs and
-missed in others (`peers_sampler.md`). Both sides run the same model on the same XLA:CPU, so neither can be faster
-than the model's weight matmuls at those shapes. This times, in one process and interleaved with
+missed in others (`peers_sampler.md`). Both sides run the same model on the same XLA:CPU, so
+neither can be faster than the model's weight matmuls at those shapes. This times, in one process and interleaved with
 both samplers: the prefill's linear layers (every projection of every layer over the batch's
 prompt positions, and the vocabulary head over one position per row) and one decode step's
 (the same over one position per row) as bare jitted float32 matmuls, chained layer by layer so
