@@ -37,7 +37,8 @@ import transformers
 from flax import nnx
 
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, init_cache, load_pretrained
-from matpo_jax.sampler.loop import Sampling, SlotInjection, generate, run_slots
+from matpo_jax.sampler.host_protocol import SlotInjection
+from matpo_jax.sampler.loop import Sampling, generate, run_slots
 from matpo_jax.sampler.ops import first_index_of_max
 
 SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family)

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
-from matpo_jax.sampler.loop import Sampling, SlotInjection
+from matpo_jax.sampler.host_protocol import SlotInjection
+from matpo_jax.sampler.loop import Sampling
 
 MAX_LEN = 64  # cache length of every slot-loop test
 VOCAB = 96

@@ -1,5 +1,6 @@
 """The KV-cached slot loop decodes exactly what a full forward recompute decodes (greedy)."""
-from matpo_jax.sampler.loop import STOP_TURN_CAP, generate, run_slots
+from matpo_jax.sampler.host_protocol import STOP_TURN_CAP
+from matpo_jax.sampler.loop import generate, run_slots
 
 
 def test_greedy_generate_matches_full_recompute_for_ragged_queued_prompts(

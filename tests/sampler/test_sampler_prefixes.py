@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from matpo_jax.sampler.loop import SlotInjection, SlotProtocolError, run_slots
+from matpo_jax.sampler.host_protocol import SlotInjection, SlotProtocolError
+from matpo_jax.sampler.loop import run_slots
 from matpo_jax.sampler.writes import extend_width, prefix_store_shape
 
 SYSTEM = [50, 51, 52, 53, 54, 55, 56, 57, 58]  # a "system prompt" every sequence starts with

@@ -10,7 +10,8 @@ import pytest
 
 from matpo_jax.agents import rollout as rollout_lib
 from matpo_jax.config import RolloutSection
-from matpo_jax.sampler.loop import STOP_EOS, STOP_TURN_CAP, Sampling, _slot_loop, run_slots
+from matpo_jax.sampler.host_protocol import STOP_EOS, STOP_TURN_CAP
+from matpo_jax.sampler.loop import Sampling, _slot_loop, run_slots
 from matpo_jax.sampler.ops import sample_tokens, sample_tokens_per_row
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib

@@ -4,9 +4,10 @@ import types
 import numpy as np
 import pytest
 
-from matpo_jax.sampler.loop import (STOP_CACHE_FULL, STOP_EOS, STOP_IM_END, STOP_TOOL_CALL,
-                                STOP_TURN_CAP, Sampling, SlotInjection, SlotProtocolError,
-                                chat_stop_ids, generate, run_slots)
+from matpo_jax.sampler.host_protocol import (STOP_CACHE_FULL, STOP_EOS, STOP_IM_END,
+                                             STOP_TOOL_CALL, STOP_TURN_CAP, SlotInjection,
+                                             SlotProtocolError, chat_stop_ids)
+from matpo_jax.sampler.loop import Sampling, generate, run_slots
 
 
 @pytest.fixture
