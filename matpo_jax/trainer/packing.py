@@ -288,9 +288,9 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list], num_rows: int, 
     for row, members in enumerate(bins):
         start, segment = 0, 0
         for unit in members:
-            shared, prefix = 0, 0
-            if isinstance(unit, SharedPrompt):
-                shared, segment = unit.shared, segment + 1
+            sequences, shared, prefix = (unit,), 0, 0
+            if isinstance(unit, SharedPrompt):  # the prompt once, as a segment of its own
+                sequences, shared, segment = unit.members, unit.shared, segment + 1
                 prefix, first = segment, seqs[unit.members[0]]
                 span = slice(start, start + shared)
                 batch.tokens[row, span] = first.tokens[:shared]
@@ -298,7 +298,7 @@ def layout_bins(seqs: Sequence[TrainSequence], bins: list[list], num_rows: int, 
                 batch.segment_ids[row, span] = segment
                 batch.role_ids[row, span] = first.role_id
                 start += shared
-            for i in (unit.members if shared else (unit,)):
+            for i in sequences:
                 s, segment = seqs[i], segment + 1
                 n = len(s) - shared
                 span, own = slice(start, start + n), slice(shared, None)
