@@ -1,10 +1,10 @@
 """A decode step reading only the cache's filled prefix vs the whole cache, side by side in one run.
 
-The model's decode step (`Qwen3ForCausalLM.decode`, what the slot sampler calls per token) is
+The model's decode step (`CausalLM.decode`, what the slot sampler calls per token) is
 timed with the current attention (one fused elementwise pass over every slot of the cache,
 `cached_attention._decode_attention`) and with a candidate defined below: the same pass over the
 smallest of a few prefix sizes that holds every row's slots, chosen by a `lax.switch` with static
-shapes. The candidate is swapped in by patching `qwen3.cached_attention` before tracing, so both
+shapes. The candidate is swapped in by patching `decoder.cached_attention` before tracing, so both
 use the same model, weights and cache (donated, as in the sampler's loop). Rows are filled to a
 given length. Repeats of the two are interleaved; medians.
 
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, init_cache, qwen3
+from matpo_jax.model import CausalLM, DecoderConfig, decoder, init_cache
 from matpo_jax.model.cached_attention import _decode_attention, cached_attention
 
 RESULTS = Path(__file__).parent / "results"
@@ -84,14 +84,14 @@ def time_case(model, batch, max_len, fill, repeats, steps):
     fns = {}
     for name, use_prefix in (("prefix", True), ("whole", False)):
         graphdef, state = nnx.split(model)
-        original = qwen3.cached_attention
-        qwen3.cached_attention = prefix_cached_attention if use_prefix else original
+        original = decoder.cached_attention
+        decoder.cached_attention = prefix_cached_attention if use_prefix else original
         try:  # traced and compiled while the patch holds
             # The cache is donated, as in the sampler's loop (updated in place, not copied).
             compiled = jax.jit(lambda state, *a: nnx.merge(graphdef, state).decode(*a),
                                donate_argnums=2).lower(state, *args).compile()
         finally:
-            qwen3.cached_attention = original
+            decoder.cached_attention = original
         fns[name] = (compiled, state)
     tokens, cache, active = args
     fill_lengths = np.asarray(cache.lengths)  # host copy: the device array is donated
@@ -134,7 +134,7 @@ def main():
     rows = []
     for name, batch, max_len, fill in cases:
         name = "quick" if args.quick else name
-        model = Qwen3ForCausalLM(Qwen3Config(**models[name]), rngs=nnx.Rngs(0))
+        model = CausalLM(DecoderConfig(**models[name]), rngs=nnx.Rngs(0))
         rows.append(dict(model=name, **time_case(model, batch, max_len, fill, repeats, steps)))
         print(rows[-1], flush=True)
     if args.quick:

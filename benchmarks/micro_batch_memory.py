@@ -31,14 +31,14 @@ def one_setting(rows: int, micro: int) -> dict:
     from flax import nnx
 
     from matpo_jax.config import load_config_file, to_typed
-    from matpo_jax.model import Qwen3ForCausalLM
+    from matpo_jax.model import CausalLM
     from matpo_jax.run import runtime
     from matpo_jax.trainer import step as step_lib
     from matpo_jax.trainer.packing import PackedBatch
 
     cfg = to_typed(load_config_file(os.path.join(REPO, "configs", "synthetic_demo.py")))
     mesh = runtime.make_mesh(cfg)
-    model = Qwen3ForCausalLM(runtime.model_config(cfg.model), rngs=nnx.Rngs(0))
+    model = CausalLM(runtime.model_config(cfg.model), rngs=nnx.Rngs(0))
     scfg = dataclasses.replace(runtime.step_config(cfg, "rl"), micro_batches=micro)
     tx = step_lib.make_optimizer(runtime.optimizer_config(cfg, "rl"))
     graphdef, state, shardings = step_lib.init_train_state(model, tx, mesh)

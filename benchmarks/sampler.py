@@ -36,12 +36,12 @@ import torch
 import transformers
 from flax import nnx
 
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, init_cache, load_pretrained
+from matpo_jax.model import DecoderConfig, CausalLM, init_cache, load_pretrained
 from matpo_jax.sampler.host_protocol import SlotInjection
 from matpo_jax.sampler.loop import Sampling, generate, run_slots
 from matpo_jax.sampler.ops import first_index_of_max
 
-SIZES = {  # name -> Qwen3Config fields (GQA, untied head, like the Qwen3 family)
+SIZES = {  # name -> DecoderConfig fields (GQA, untied head, like the Qwen3 family)
     "4M": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                num_attention_heads=4, num_key_value_heads=2, head_dim=64),
     "30M": dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
@@ -66,7 +66,7 @@ def best_times_interleaved(runs, repeats):
 
 def build_pair(fields, seed=0):
     """A random HF model and the same weights in our model (through a safetensors checkpoint)."""
-    config = Qwen3Config(**fields)
+    config = DecoderConfig(**fields)
     torch.manual_seed(seed)
     hf_config = transformers.Qwen3Config(**config.to_hf_dict())
     hf_model = transformers.Qwen3ForCausalLM(hf_config).eval()
@@ -202,10 +202,10 @@ def previous_protocol_bytes(slots, max_len, max_turn):
 
 def host_traffic(slots, max_len, max_turn, turns=3, prompt_len=48, vocab=256):
     """Bytes per host round of a tool-using workload on a 1-layer bfloat16 model."""
-    config = Qwen3Config(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+    config = DecoderConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
                          num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
                          head_dim=2, dtype="bfloat16")
-    graphdef, state = nnx.split(Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(CausalLM(config, rngs=nnx.Rngs(0)))
     rng = np.random.default_rng(slots)
     turn_caps = rng.integers(4, 24, slots)  # short turns keep the CPU run short; bytes scale
     response_lens = rng.integers(20, 400, slots)  # with tokens, which the table reports

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from matpo_jax.config import RLSection
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.model import packed_attention
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 2 if args.quick else args.repeats
     rng = np.random.default_rng(0)
-    graphdef, params = nnx.split(Qwen3ForCausalLM(Qwen3Config(**MODEL_DEMO), rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(CausalLM(DecoderConfig(**MODEL_DEMO), rngs=nnx.Rngs(0)))
     config = loss_config(RLSection())  # the default experiment's loss
     rows_out = []
     for case, rows, objective in (("SFT step", 2, "sft"), ("RL micro-batch", 16, "rl")):

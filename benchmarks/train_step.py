@@ -27,7 +27,7 @@ from flax import nnx
 
 from matpo_jax import parallel
 from matpo_jax.config import RLSection
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as ts
 from matpo_jax.rl.advantages import group_advantages
@@ -91,7 +91,7 @@ def length_mix(planners: int, vocab: int, seed: int, scale: float = 1.0):
     return seqs
 
 
-def useful_flops(batch: packing.PackedBatch, config: Qwen3Config, matmul_params: int) -> float:
+def useful_flops(batch: packing.PackedBatch, config: DecoderConfig, matmul_params: int) -> float:
     """Training FLOPs of the real tokens: 6*N per token plus causal attention inside segments."""
     tokens = int((batch.segment_ids > 0).sum())
     attn_width = config.num_attention_heads * config.head_dim
@@ -172,8 +172,8 @@ def main():
 
     load_start = os.getloadavg()
     model_kw, scale = (MODEL_TINY, 0.125) if args.quick else (MODEL_30M, 1.0)
-    config = Qwen3Config(**model_kw)
-    model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    config = DecoderConfig(**model_kw)
+    model = CausalLM(config, rngs=nnx.Rngs(0))
     params = nnx.state(model, nnx.Param)
     total_params = sum(x.size for x in jax.tree.leaves(params))
     # The input embedding is a lookup, not a matmul (with tied embeddings it IS the lm head).

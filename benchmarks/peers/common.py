@@ -16,7 +16,7 @@ import time
 import numpy as np
 from flax import nnx
 
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, save_pretrained
+from matpo_jax.model import DecoderConfig, CausalLM, save_pretrained
 
 # The shapes of benchmarks/sampler.py (GQA, untied head, like the Qwen3 family).
 SIZES = {
@@ -30,7 +30,7 @@ SIZES = {
 def write_checkpoint(size: str, path: str, seed: int = 0) -> str:
     """A random-init Qwen3 of `size` saved as a HF directory at `path` (reused if present)."""
     if not os.path.exists(os.path.join(path, "model.safetensors")):
-        model = Qwen3ForCausalLM(Qwen3Config(**SIZES[size]), rngs=nnx.Rngs(seed))
+        model = CausalLM(DecoderConfig(**SIZES[size]), rngs=nnx.Rngs(seed))
         save_pretrained(model, path)
     return path
 

@@ -8,20 +8,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from matpo_jax.model import Qwen3ForCausalLM, load_pretrained
+from matpo_jax.model import CausalLM, load_pretrained
 from matpo_jax.sampler.loop import Sampling, generate as slot_generate
 
 GREEDY = Sampling(greedy=True)
 
 
-def load(path: str) -> Qwen3ForCausalLM:
+def load(path: str) -> CausalLM:
     return load_pretrained(path)
 
 
 class Generator:
     """generate() over fixed shapes: max_len is the same cache length tunix gets."""
 
-    def __init__(self, model: Qwen3ForCausalLM, max_len: int):
+    def __init__(self, model: CausalLM, max_len: int):
         self.graphdef, self.state = nnx.split(model)
         self.max_len = max_len
 
@@ -35,6 +35,6 @@ class Generator:
         return tokens, np.stack(logprobs)
 
 
-def forward_logits(model: Qwen3ForCausalLM, tokens: np.ndarray) -> np.ndarray:
+def forward_logits(model: CausalLM, tokens: np.ndarray) -> np.ndarray:
     """Cache-free causal forward [B, T] -> logits [B, T, V] (the training path)."""
     return np.asarray(jax.jit(lambda t: model(t))(jnp.asarray(tokens)))

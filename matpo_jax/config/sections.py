@@ -34,7 +34,7 @@ DEFAULT_TOOL_CALLS_PER_TURN = 4
 # ------------------------------------------------------------------------------------------ model
 @dataclasses.dataclass(frozen=True)
 class ArchSection(Section):
-    """Qwen3 dimensions of a model trained from scratch (names match model.config.Qwen3Config)."""
+    """Qwen3 dimensions of a model trained from scratch (names match model.config.DecoderConfig)."""
 
     PATH = "model.arch"
     vocab_size: int = setting(2048, "tokenizer and embedding size", range=AT_LEAST_ONE)

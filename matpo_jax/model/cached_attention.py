@@ -1,6 +1,6 @@
 """Attention of new queries over an explicit heads-major KV cache (prefill, extend, decode).
 
-Per layer (see `qwen3.KVCache`) keys are stored slot-minor [B, kv_heads, D, S] and values
+Per layer (see `decoder.KVCache`) keys are stored slot-minor [B, kv_heads, D, S] and values
 [B, kv_heads, S, D]: in a decode step both reductions (over D for the scores, over S for the
 output) then run over a major axis with a contiguous minor one, i.e. as vector updates. Queries
 are grouped [kv_heads, group] so K/V are never repeated.

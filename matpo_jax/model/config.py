@@ -1,4 +1,11 @@
-"""Qwen3 model configuration and its translation to and from Hugging Face `config.json`."""
+"""Decoder configuration for the model families we build (Qwen3, Llama, Qwen2), and its
+translation to and from Hugging Face `config.json`.
+
+The three families are one architecture with switches: Qwen3 RMS-normalises each query and key
+head before the rotation, Qwen2 adds biases to the q/k/v projections, Llama has neither (and
+Llama 3.x rescales its rotary frequencies). Everything else (pre-norm residual blocks, grouped-
+query attention, SwiGLU MLP, tied or untied head) is shared.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +14,15 @@ from typing import Any, Mapping
 
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 
-# Fields a Hugging Face Qwen3 config.json must carry for us to build the model.
+# family -> (model_type in config.json, the architecture class transformers builds).
+FAMILIES = {
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+# Fields a Hugging Face config.json must carry for us to build the model.
 _REQUIRED_HF_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -18,11 +33,11 @@ _REQUIRED_HF_FIELDS = (
 
 
 class ModelConfigError(ValueError):
-    """A configuration we cannot build a Qwen3 model from; the message names the field."""
+    """A configuration we cannot build a decoder from; the message names the field."""
 
 
 @dataclass(frozen=True)
-class Qwen3Config:
+class DecoderConfig:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -30,7 +45,15 @@ class Qwen3Config:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
+    family: str = "qwen3"
     rope_theta: float = 1e6
+    # Rotary frequency scaling: 'linear' divides every frequency by rope_factor; 'llama3' divides
+    # only the low frequencies, blending in between (Llama 3.1+'s long-context recipe).
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 40960
@@ -44,6 +67,16 @@ class Qwen3Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ModelConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.family not in FAMILIES:
+            raise ModelConfigError(
+                f"family must be one of {tuple(FAMILIES)}, got {self.family!r}")
+        if self.rope_type not in ROPE_TYPES:
+            raise ModelConfigError(
+                f"rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+        if self.rope_type == "llama3" and not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise ModelConfigError(
+                f"rope_high_freq_factor ({self.rope_high_freq_factor}) must exceed "
+                f"rope_low_freq_factor ({self.rope_low_freq_factor})")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -61,19 +94,31 @@ class Qwen3Config:
         """Query heads that share one key/value head (grouped-query attention)."""
         return self.num_attention_heads // self.num_key_value_heads
 
-    def replace(self, **changes) -> "Qwen3Config":
+    @property
+    def qk_norm(self) -> bool:
+        """Each query and key head is RMS-normalised before the rotation (Qwen3)."""
+        return self.family == "qwen3"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """The q/k/v projections carry biases (Qwen2; o_proj has none)."""
+        return self.family == "qwen2"
+
+    def replace(self, **changes) -> "DecoderConfig":
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_hf_dict(cls, d: Mapping[str, Any], **overrides) -> "Qwen3Config":
-        """A config from a HF Qwen3 `config.json` dict; rejects features we don't implement."""
-        _check_hf_architecture(d)
+    def from_hf_dict(cls, d: Mapping[str, Any], **overrides) -> "DecoderConfig":
+        """A config from a HF `config.json` dict; rejects features we don't implement."""
+        family = _family(d)
+        _check_hf_features(d, family)
         for name in _REQUIRED_HF_FIELDS:
             if name not in d:
                 raise ModelConfigError(f"config is missing required field '{name}'")
         heads = d["num_attention_heads"]
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
         fields = dict(
+            family=family,
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
@@ -81,20 +126,21 @@ class Qwen3Config:
             num_attention_heads=heads,
             num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=head_dim,
-            rope_theta=float(_rope_theta(d)),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             max_position_embeddings=int(d.get("max_position_embeddings", 40960)),
             initializer_range=float(d.get("initializer_range", 0.02)),
+            **_rope_fields(d),
         )
         fields.update(overrides)
         return cls(**fields)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The `config.json` contents that transformers' Qwen3ForCausalLM loads."""
-        return {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
+        """The `config.json` contents that transformers loads as this family's CausalLM."""
+        model_type, architecture = FAMILIES[self.family]
+        hf = {
+            "architectures": [architecture],
+            "model_type": model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -107,51 +153,96 @@ class Qwen3Config:
             "initializer_range": self.initializer_range,
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
-            # Both spellings: transformers 5 reads rope_parameters, older releases rope_theta.
+            # Both spellings: transformers 5 reads rope_parameters, older releases rope_theta
+            # and rope_scaling.
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "rope_scaling": None,
-            "attention_bias": False,
+            "rope_parameters": self._hf_rope_parameters(),
+            "rope_scaling": (None if self.rope_type == "default"
+                             else self._hf_rope_parameters()),
             "attention_dropout": 0.0,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "layer_types": ["full_attention"] * self.num_hidden_layers,
             "dtype": self.param_dtype,
         }
+        if self.family == "llama":
+            hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+        else:  # Qwen3 and Qwen2 declare their (full) attention layers
+            hf.update(use_sliding_window=False, sliding_window=None,
+                      layer_types=["full_attention"] * self.num_hidden_layers)
+        if self.family == "qwen3":
+            hf["attention_bias"] = False
+        return hf
+
+    def _hf_rope_parameters(self) -> dict[str, Any]:
+        rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
+        if self.rope_type in ("linear", "llama3"):
+            rope["factor"] = self.rope_factor
+        if self.rope_type == "llama3":
+            rope.update(low_freq_factor=self.rope_low_freq_factor,
+                        high_freq_factor=self.rope_high_freq_factor,
+                        original_max_position_embeddings=self.rope_original_max_positions)
+        return rope
 
 
-def _check_hf_architecture(d: Mapping[str, Any]) -> None:
+def _family(d: Mapping[str, Any]) -> str:
     model_type = d.get("model_type")
-    if model_type != "qwen3":
-        raise ModelConfigError(f"model_type must be 'qwen3', got {model_type!r}")
-    architectures = d.get("architectures")
-    if architectures and not any(a in ("Qwen3ForCausalLM", "Qwen3Model") for a in architectures):
+    families = {model_type: family for family, (model_type, _) in FAMILIES.items()}
+    if model_type not in families:
         raise ModelConfigError(
-            f"architectures must include 'Qwen3ForCausalLM', got {architectures!r}")
+            f"model_type {model_type!r} is not supported; supported: "
+            + ", ".join(f"{m!r} ({a})" for m, a in FAMILIES.values()))
+    family = families[model_type]
+    architectures = d.get("architectures")
+    expected = FAMILIES[family][1]
+    if architectures and not any(a in (expected, expected.replace("ForCausalLM", "Model"))
+                                 for a in architectures):
+        raise ModelConfigError(f"architectures must include {expected!r}, got {architectures!r}")
+    return family
+
+
+def _check_hf_features(d: Mapping[str, Any], family: str) -> None:
     if d.get("hidden_act", "silu") != "silu":
         raise ModelConfigError(f"hidden_act must be 'silu', got {d['hidden_act']!r}")
+    # Qwen2's q/k/v biases are implied by its family; an attention_bias field switches biases on
+    # for every projection, o_proj included, which none of our families has.
     if d.get("attention_bias", False):
         raise ModelConfigError(
-            "attention_bias=True is not supported (Qwen3 attention has no biases)")
+            f"attention_bias=True is not supported for {family} (q/k/v/o biases)")
     if d.get("mlp_bias", False):
         raise ModelConfigError("mlp_bias=True is not supported")
     if d.get("use_sliding_window", False):
         raise ModelConfigError("use_sliding_window=True is not supported (full attention only)")
+    if d.get("pretraining_tp", 1) not in (1, None):
+        raise ModelConfigError(f"pretraining_tp must be 1, got {d['pretraining_tp']!r}")
     layer_types = d.get("layer_types") or []
     if any(t != "full_attention" for t in layer_types):
         raise ModelConfigError(
             f"layer_types must all be 'full_attention', got {sorted(set(layer_types))}")
+
+
+def _rope_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Our rope fields from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`."""
+    types = {}
     for field in ("rope_scaling", "rope_parameters"):
-        rope = d.get(field)
-        if rope:
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type != "default":
-                raise ModelConfigError(
-                    f"{field} type {rope_type!r} is not supported (only 'default')")
-
-
-def _rope_theta(d: Mapping[str, Any]) -> float:
-    rope = d.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        return rope["rope_theta"]
-    return d.get("rope_theta", 1e6)
+        if d.get(field):
+            types[field] = d[field].get("rope_type", d[field].get("type", "default"))
+            if types[field] not in ROPE_TYPES:
+                raise ModelConfigError(f"{field} type {types[field]!r} is not supported; "
+                                       f"supported: {ROPE_TYPES}")
+    if len(set(types.values())) > 1:
+        raise ModelConfigError(f"rope_scaling type {types['rope_scaling']!r} disagrees with "
+                               f"rope_parameters type {types['rope_parameters']!r}")
+    rope = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+    theta = rope.get("rope_theta", d.get("rope_theta", 1e6))
+    rope_type = next(iter(types.values()), "default")
+    fields = {"rope_theta": float(theta), "rope_type": rope_type}
+    try:
+        if rope_type in ("linear", "llama3"):
+            fields["rope_factor"] = float(rope["factor"])
+        if rope_type == "llama3":
+            fields.update(rope_low_freq_factor=float(rope["low_freq_factor"]),
+                          rope_high_freq_factor=float(rope["high_freq_factor"]),
+                          rope_original_max_positions=int(
+                              rope["original_max_position_embeddings"]))
+    except KeyError as err:
+        raise ModelConfigError(
+            f"rope scaling {rope_type!r} is missing field {err.args[0]!r}") from err
+    return fields

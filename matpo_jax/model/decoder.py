@@ -1,4 +1,5 @@
-"""Qwen3 decoder in flax.nnx: packed-sequence training forward and an explicit KV cache.
+"""The decoder of the Qwen3, Llama and Qwen2 families in flax.nnx (one module, the family's switches
+in DecoderConfig): packed-sequence training forward and an explicit KV cache.
 
 Parameter names mirror Hugging Face's (`layers/0/self_attn/q_proj/kernel` <-> `model.layers.0.
 self_attn.q_proj.weight`) so checkpoint conversion and partition rules stay one regex each.
@@ -16,7 +17,7 @@ from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
     blocked_cached_attention, cached_attention)
 from matpo_jax.model import projection
 from matpo_jax.model.remat import remat_policy
-from matpo_jax.model.config import Qwen3Config
+from matpo_jax.model.config import DecoderConfig
 from matpo_jax.model.packed_attention import grouped_attention, packed_attention  # noqa: F401
 
 
@@ -49,7 +50,7 @@ class KVCache(NamedTuple):
                        self.lengths.at[index].set(sub.lengths, mode="drop"))
 
 
-def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
+def init_cache(config: DecoderConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache; `dtype` defaults to the model's compute dtype."""
     dtype = jnp.dtype(dtype or config.dtype)
     shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
@@ -77,9 +78,28 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
 
 
-def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_frequencies(config: DecoderConfig) -> jax.Array:
+    """The rotary inverse frequencies [head_dim/2], with the config's scaling applied."""
+    head_dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta
+                      ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if config.rope_type == "linear":
+        return inv_freq / config.rope_factor
+    if config.rope_type == "llama3":
+        # Wavelengths longer than the original context / low_freq_factor are stretched by
+        # `factor`, those shorter than context / high_freq_factor kept, the band between blended.
+        wavelength = 2 * jnp.pi / inv_freq
+        context = config.rope_original_max_positions
+        low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+        blend = (context / wavelength - low) / (high - low)
+        blended = (1 - blend) * inv_freq / config.rope_factor + blend * inv_freq
+        return jnp.where(wavelength > context / low, inv_freq / config.rope_factor,
+                         jnp.where(wavelength < context / high, inv_freq, blended))
+    return inv_freq
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos/sin [B, T, head_dim/2] for integer positions [B, T]; computed once per forward."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -93,30 +113,34 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
-def _linear(in_features, out_features, config: Qwen3Config, rngs: nnx.Rngs) -> nnx.Linear:
+def _linear(in_features, out_features, config: DecoderConfig, rngs: nnx.Rngs,
+            use_bias: bool = False) -> nnx.Linear:
     # nnx.Linear with a backward pass that XLA:CPU compiles well (see projection.py).
     return projection.Linear(
-        in_features, out_features, use_bias=False, dtype=jnp.dtype(config.dtype),
+        in_features, out_features, use_bias=use_bias, dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),
         kernel_init=nnx.initializers.normal(config.initializer_range), rngs=rngs)
 
 
-def _norm(dim: int, config: Qwen3Config) -> RMSNorm:
+def _norm(dim: int, config: DecoderConfig) -> RMSNorm:
     return RMSNorm(dim, config.rms_norm_eps, jnp.dtype(config.dtype), jnp.dtype(config.param_dtype))
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: Qwen3Config, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
-        self.q_proj = _linear(hidden, self.num_heads * head_dim, config, rngs)
-        self.k_proj = _linear(hidden, self.num_kv_heads * head_dim, config, rngs)
-        self.v_proj = _linear(hidden, self.num_kv_heads * head_dim, config, rngs)
+        bias = config.qkv_bias
+        self.q_proj = _linear(hidden, self.num_heads * head_dim, config, rngs, bias)
+        self.k_proj = _linear(hidden, self.num_kv_heads * head_dim, config, rngs, bias)
+        self.v_proj = _linear(hidden, self.num_kv_heads * head_dim, config, rngs, bias)
         self.o_proj = _linear(self.num_heads * head_dim, hidden, config, rngs)
-        self.q_norm = _norm(head_dim, config)
-        self.k_norm = _norm(head_dim, config)
+        if config.qk_norm:
+            self.q_norm = _norm(head_dim, config)
+            self.k_norm = _norm(head_dim, config)
+        self.qk_norm = config.qk_norm
 
     def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
         """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
@@ -133,9 +157,9 @@ class Attention(nnx.Module):
         k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
         cos, sin = rope
-        # Qwen3 normalises each head before the rotation.
-        q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(k), cos, sin)
+        if self.qk_norm:  # Qwen3 normalises each head before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if layer_cache is not None:
             k_cache, v_cache = layer_cache
             rows = jnp.arange(batch)[:, None, None]
@@ -161,7 +185,7 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: Qwen3Config, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
         self.gate_proj = _linear(config.hidden_size, config.intermediate_size, config, rngs)
         self.up_proj = _linear(config.hidden_size, config.intermediate_size, config, rngs)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, config, rngs)
@@ -171,7 +195,7 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, config: Qwen3Config, rngs: nnx.Rngs):
+    def __init__(self, config: DecoderConfig, rngs: nnx.Rngs):
         self.input_layernorm = _norm(config.hidden_size, config)
         self.self_attn = Attention(config, rngs)
         self.post_attention_layernorm = _norm(config.hidden_size, config)
@@ -188,8 +212,8 @@ class DecoderLayer(nnx.Module):
 # ----------------------------------------------------------------------------- the model
 
 
-class Qwen3ForCausalLM(nnx.Module):
-    def __init__(self, config: Qwen3Config, *, rngs: nnx.Rngs):
+class CausalLM(nnx.Module):
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embed_tokens = nnx.Embed(
             config.vocab_size, config.hidden_size, dtype=jnp.dtype(config.dtype),
@@ -230,7 +254,7 @@ class Qwen3ForCausalLM(nnx.Module):
         if prefix_ids is not None:
             mask = (mask, prefix_ids.astype(jnp.int32))
         hidden = self.embed_tokens(tokens)
-        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        rope = rope_tables(positions, rope_frequencies(self.config))
         layer_def = nnx.graphdef(self.layers[0])
 
         def apply(layer_state, hidden):
@@ -286,7 +310,7 @@ class Qwen3ForCausalLM(nnx.Module):
             mask = (positions, new_lengths)
 
         hidden = self.embed_tokens(tokens)
-        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        rope = rope_tables(positions, rope_frequencies(self.config))
         new_k, new_v = [], []
         for layer, k_layer, v_layer in zip(self.layers, cache.k, cache.v):
             hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_layer, v_layer), write_slots)

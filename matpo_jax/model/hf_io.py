@@ -1,4 +1,5 @@
-"""Hugging Face Qwen3 checkpoints (config.json + safetensors) <-> our nnx model.
+"""Hugging Face checkpoints (config.json + safetensors) of the Qwen3, Llama and Qwen2 families <->
+our nnx model.
 
 Loading never materialises random weights: the model is built abstractly (nnx.eval_shape) and each
 tensor is read from its safetensors file and placed directly on its target sharding, so a model
@@ -19,8 +20,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from matpo_jax import parallel
-from matpo_jax.model.config import ModelConfigError, Qwen3Config
-from matpo_jax.model.qwen3 import Qwen3ForCausalLM
+from matpo_jax.model.config import ModelConfigError, DecoderConfig
+from matpo_jax.model.decoder import CausalLM
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -36,10 +37,11 @@ class CheckpointFormatError(ValueError):
 
 def hf_name(path: str) -> str:
     """Our parameter path -> the HF tensor name, e.g. 'layers/0/mlp/up_proj/kernel' ->
-    'model.layers.0.mlp.up_proj.weight'."""
+    'model.layers.0.mlp.up_proj.weight' (a bias keeps its name; kernels, scales and the
+    embedding are torch's 'weight')."""
     *module, leaf = path.split("/")
     prefix = "" if module[0] == "lm_head" else "model."
-    return prefix + ".".join(module) + ".weight"
+    return prefix + ".".join(module) + (".bias" if leaf == "bias" else ".weight")
 
 
 def _is_kernel(path: str) -> bool:
@@ -50,19 +52,19 @@ def _is_kernel(path: str) -> bool:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_config(path: str, **overrides) -> Qwen3Config:
+def load_config(path: str, **overrides) -> DecoderConfig:
     config_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isdir(path):
         raise CheckpointFormatError(f"checkpoint directory {path!r} does not exist")
     if not os.path.isfile(config_path):
-        raise CheckpointFormatError(f"{config_path}: missing; a Qwen3 checkpoint needs config.json")
+        raise CheckpointFormatError(f"{config_path}: missing; a checkpoint needs config.json")
     try:
         with open(config_path) as f:
             hf_config = json.load(f)
     except json.JSONDecodeError as err:
         raise CheckpointFormatError(f"{config_path}: not valid JSON ({err})") from err
     try:
-        return Qwen3Config.from_hf_dict(hf_config, **overrides)
+        return DecoderConfig.from_hf_dict(hf_config, **overrides)
     except ModelConfigError as err:
         raise CheckpointFormatError(f"{config_path}: {err}") from err
 
@@ -112,16 +114,16 @@ class _TensorReader:
 
 def load_pretrained(path: str, dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
                     rules: Sequence | None = None,
-                    param_dtype: str = "float32") -> Qwen3ForCausalLM:
-    """Loads a HF Qwen3 checkpoint directory. `param_dtype` is the dtype the parameters are stored
-    in (each tensor is cast to it whatever its dtype in the file: a bfloat16 release loads as
+                    param_dtype: str = "float32") -> CausalLM:
+    """Loads a HF checkpoint directory (Qwen3, Llama or Qwen2). `param_dtype` is the dtype the
+    parameters are stored in (each tensor is cast to it whatever its dtype in the file: a bfloat16 release loads as
     float32 master weights, or stays bfloat16); `dtype` is the compute dtype of activations (and
     of the KV cache). With a mesh, each tensor goes straight to its partition-rule sharding."""
     config = load_config(path, dtype=dtype, param_dtype=param_dtype)
     files = _tensor_files(path)
     reader = _TensorReader(files)
     graphdef, abstract_state = nnx.split(
-        nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))))
+        nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
 
     expected_names = set()
 
@@ -167,14 +169,14 @@ def _to_host(array: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(array))
 
 
-def save_pretrained(model: Qwen3ForCausalLM, path: str, dtype: str | None = None) -> None:
-    """Writes config.json + model.safetensors that transformers' Qwen3ForCausalLM loads.
+def save_pretrained(model: CausalLM, path: str, dtype: str | None = None) -> None:
+    """Writes config.json + model.safetensors that transformers loads as the same family.
     Every process gathers the weights; only process 0 writes. `dtype`: the tensors' dtype on
     disk (default: the parameters')."""
     save_params(model.config, nnx.state(model, nnx.Param), path, dtype)
 
 
-def save_params(config: Qwen3Config, params, path: str, dtype: str | None = None) -> None:
+def save_params(config: DecoderConfig, params, path: str, dtype: str | None = None) -> None:
     """save_pretrained from a config and its parameter tree (nnx.State of the nnx.Param
     variables), e.g. parameters restored from a training checkpoint without building the model."""
     if dtype is not None:

@@ -68,11 +68,14 @@ swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class Linear(nnx.Linear):
-    """`nnx.Linear` (same parameters and forward) whose bias-free call uses `project`."""
+    """`nnx.Linear` (same parameters and forward) whose call uses `project`."""
 
     def __call__(self, inputs, out_sharding=None):
-        if (self.bias is not None or out_sharding is not None or self.precision is not None
+        if (out_sharding is not None or self.precision is not None
                 or self.preferred_element_type is not None):
             return super().__call__(inputs, out_sharding)
-        inputs, kernel, _ = self.promote_dtype((inputs, self.kernel[...], None), dtype=self.dtype)
-        return project(inputs, kernel)
+        bias = self.bias[...] if self.bias is not None else None
+        inputs, kernel, bias = self.promote_dtype((inputs, self.kernel[...], bias),
+                                                  dtype=self.dtype)
+        out = project(inputs, kernel)
+        return out if bias is None else out + bias

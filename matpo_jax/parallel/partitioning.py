@@ -1,6 +1,6 @@
-"""Regex partition rules for the Qwen3 parameters and KV cache over the ("data", "fsdp", "tensor")
-mesh: kernels split on the model dimension over "fsdp" and on heads / intermediate / vocabulary
-over "tensor"."""
+"""Regex partition rules for the decoder's parameters (every family) and KV cache over the
+("data", "fsdp", "tensor") mesh: kernels split on the model dimension over "fsdp" and on heads /
+intermediate / vocabulary over "tensor"."""
 from __future__ import annotations
 
 import re
@@ -19,6 +19,7 @@ from matpo_jax.parallel.mesh import BATCH_AXES
 PARTITION_RULES: list[tuple[str, P]] = [
     (r"embed_tokens/embedding$", P("tensor", "fsdp")),  # [vocab, hidden]
     (r"self_attn/(q|k|v)_proj/kernel$", P("fsdp", "tensor")),  # [hidden, heads * head_dim]
+    (r"self_attn/(q|k|v)_proj/bias$", P("tensor")),  # [heads * head_dim] (Qwen2)
     (r"self_attn/o_proj/kernel$", P("tensor", "fsdp")),  # [heads * head_dim, hidden]
     (r"mlp/(gate|up)_proj/kernel$", P("fsdp", "tensor")),  # [hidden, intermediate]
     (r"mlp/down_proj/kernel$", P("tensor", "fsdp")),  # [intermediate, hidden]

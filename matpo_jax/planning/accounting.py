@@ -11,7 +11,7 @@ import math
 import jax
 import numpy as np
 
-from matpo_jax.model.config import Qwen3Config
+from matpo_jax.model.config import DecoderConfig
 
 
 def per_chip_bytes(tree) -> int:
@@ -28,7 +28,7 @@ def total_bytes(tree) -> int:
     return int(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
-def forward_flops_per_token(config: Qwen3Config, context: float) -> dict:
+def forward_flops_per_token(config: DecoderConfig, context: float) -> dict:
     """Multiply-adds x 2 of one token's forward: the layers' matmuls, attention over `context`
     keys on average, and the output head."""
     h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
@@ -39,7 +39,7 @@ def forward_flops_per_token(config: Qwen3Config, context: float) -> dict:
     return {"layers": matmuls + attention, "head": head, "attention": attention}
 
 
-def train_step_flops(config: Qwen3Config, tokens: int, row_length: int, remat: str) -> dict:
+def train_step_flops(config: DecoderConfig, tokens: int, row_length: int, remat: str) -> dict:
     """Model FLOPs of one train step over `tokens` positions in rows of `row_length` (causal
     attention over a whole row: the most a packed row can cost) and the hardware FLOPs with the
     recomputation: the backward costs twice the forward; remat "full" reruns the layers' forward,

@@ -100,7 +100,7 @@ def markdown(plans: list[dict]) -> str:
         "compiled by libtpu for the topology from abstract shapes; parameters / optimizer state "
         "/ batch from the shardings, temporaries = compiled peak - live arguments and outputs "
         "(they hold the gradient accumulator, listed apart, and the activations). Decode step: "
-        "one sampler step over every slot (`Qwen3ForCausalLM.decode`); its peak plus the "
+        "one sampler step over every slot (`CausalLM.decode`); its peak plus the "
         "optimizer state (resident during rollouts) against HBM. Step time = model FLOPs / "
         "(chips x peak bf16 FLOP/s x MFU). `train`'s check: what `python -m matpo_jax.train` "
         "decides before any work from parameters + optimizer state + gradients and parameters "

@@ -21,8 +21,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from matpo_jax import parallel
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
-from matpo_jax.model.qwen3 import init_cache
+from matpo_jax.model import DecoderConfig, CausalLM
+from matpo_jax.model.decoder import init_cache
 from matpo_jax.planning import accounting
 from matpo_jax.planning.topology import Topology
 from matpo_jax.trainer import step as step_lib
@@ -31,7 +31,7 @@ from matpo_jax.trainer.packing import PackedBatch
 
 @dataclasses.dataclass(frozen=True)
 class PlanInputs:
-    model: Qwen3Config
+    model: DecoderConfig
     mesh_shape: dict  # {"data", "fsdp", "tensor"}; one axis may be -1
     rows: int  # packed rows per train step (all micro-batches)
     row_length: int  # tokens per packed row
@@ -48,9 +48,9 @@ def _with_shardings(shapes, shardings):
                         shapes, shardings)
 
 
-def abstract_model(config: Qwen3Config):
+def abstract_model(config: DecoderConfig):
     """(graphdef, params, frozen) of the model as shapes only."""
-    model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
     return nnx.split(model, nnx.Param, ...)
 
 
@@ -182,7 +182,7 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
 
 def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
                      slots: int | None = None) -> dict:
-    """Compiles one sampler decode step (`Qwen3ForCausalLM.decode` over every slot, the cache
+    """Compiles one sampler decode step (`CausalLM.decode` over every slot, the cache
     sharded as the sampler shards it) and accounts the KV cache per chip."""
     param_sh = parallel.param_shardings(params, mesh)
     replicated = NamedSharding(mesh, P())

@@ -25,7 +25,7 @@ from matpo_jax.report import files
 
 from matpo_jax.chat import ChatFormat
 from matpo_jax.data import world_assets
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.model.hf_io import load_config, save_params
 
 RUN_CONFIG_FILE = "config.json"
@@ -45,7 +45,7 @@ class ExportError(ValueError):
 class Exported:
     out: str
     step: int
-    config: Qwen3Config
+    config: DecoderConfig
     tokenizer_dir: str
 
 
@@ -97,12 +97,12 @@ def load_run_config(workdir: str) -> _Fields:
         raise ExportError(f"{path}: cannot read the run's config ({err})") from None
 
 
-def model_config(run_cfg) -> Qwen3Config:
+def model_config(run_cfg) -> DecoderConfig:
     """The architecture the run trained: its Hugging Face checkpoint's, else model.arch."""
     model = run_cfg.model
     if model.hf_checkpoint:
         return load_config(model.hf_checkpoint, dtype=model.dtype, param_dtype=model.param_dtype)
-    return Qwen3Config(**dict(model.arch), dtype=model.dtype, param_dtype=model.param_dtype)
+    return DecoderConfig(**dict(model.arch), dtype=model.dtype, param_dtype=model.param_dtype)
 
 
 def restore_params(directory: str, abstract_params, step: int | None = None):
@@ -146,10 +146,10 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
                       f"(items: {', '.join(items) or 'none'})")
 
 
-def abstract_params(config: Qwen3Config, device: jax.Device | None = None):
+def abstract_params(config: DecoderConfig, device: jax.Device | None = None):
     """ShapeDtypeStructs of the model's nnx.Param state, placed on one (host) device."""
     device = device or jax.devices("cpu")[0]
-    model = nnx.eval_shape(lambda: Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
     sharding = jax.sharding.SingleDeviceSharding(device)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                         nnx.state(model, nnx.Param))

@@ -19,7 +19,7 @@ from matpo_jax.chat import ChatFormat
 from matpo_jax.config import (ExperimentConfig, MeshSection, ModelSection, RewardSection,
                               RLSection, RolloutSection, ToolsSection)
 from matpo_jax.data.task_assets import TaskAssets
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM, load_pretrained
+from matpo_jax.model import DecoderConfig, CausalLM, load_pretrained
 from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
@@ -52,18 +52,18 @@ def make_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     return parallel.make_mesh(mesh_shape(cfg.mesh, jax.device_count()))
 
 
-def model_config(model: ModelSection) -> Qwen3Config:
+def model_config(model: ModelSection) -> DecoderConfig:
     """The architecture of a model trained from scratch (`model.arch`, dtypes)."""
-    return Qwen3Config(**dataclasses.asdict(model.arch), dtype=model.dtype,
+    return DecoderConfig(**dataclasses.asdict(model.arch), dtype=model.dtype,
                        param_dtype=model.param_dtype)
 
 
-def build_model(cfg: ExperimentConfig, mesh) -> Qwen3ForCausalLM:
+def build_model(cfg: ExperimentConfig, mesh) -> CausalLM:
     """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
     if cfg.model.hf_checkpoint:
         return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
                                param_dtype=cfg.model.param_dtype)
-    model = Qwen3ForCausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
+    model = CausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
     return parallel.shard_model(model, mesh)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from matpo_jax.model.config import Qwen3Config
+from matpo_jax.model.config import DecoderConfig
 
 
 class DecodeSlotsError(ValueError):
@@ -39,13 +39,13 @@ class SlotBudget:
         return self.kv_bytes_per_slot + self.other_bytes_per_slot
 
 
-def kv_heads_per_chip(config: Qwen3Config, tensor: int) -> int:
+def kv_heads_per_chip(config: DecoderConfig, tensor: int) -> int:
     """KV heads one chip holds: split over tensor when it divides them (`fit_spec`)."""
     heads = config.num_key_value_heads
     return heads // tensor if heads % tensor == 0 else heads
 
 
-def kv_bytes_per_slot(config: Qwen3Config, max_len: int, tensor: int = 1,
+def kv_bytes_per_slot(config: DecoderConfig, max_len: int, tensor: int = 1,
                       dtype: str | None = None) -> int:
     """One slot's KV cache on one chip: layers x kv_heads / tensor x head_dim x max_len x 2 x
     dtype bytes (dtype defaults to the model's compute dtype, the cache's)."""
@@ -54,7 +54,7 @@ def kv_bytes_per_slot(config: Qwen3Config, max_len: int, tensor: int = 1,
             * max_len * 2 * itemsize)
 
 
-def decode_slot_budget(config: Qwen3Config, max_len: int, per_chip_bytes: int, *,
+def decode_slot_budget(config: DecoderConfig, max_len: int, per_chip_bytes: int, *,
                        data: int = 1, fsdp: int = 1, tensor: int = 1, max_turn: int = 0,
                        dtype: str | None = None) -> SlotBudget:
     """How many decode slots of max_len positions fit when each chip has per_chip_bytes for them
@@ -72,7 +72,7 @@ def decode_slot_budget(config: Qwen3Config, max_len: int, per_chip_bytes: int, *
                       slots_per_chip=per_chip, slots_that_fit=per_chip * shards)
 
 
-def check_decode_slots(requested: int, config: Qwen3Config, max_len: int, per_chip_bytes: int,
+def check_decode_slots(requested: int, config: DecoderConfig, max_len: int, per_chip_bytes: int,
                        *, data: int = 1, fsdp: int = 1, tensor: int = 1, max_turn: int = 0,
                        dtype: str | None = None, field: str = "rollout.decode_slots"
                        ) -> SlotBudget:

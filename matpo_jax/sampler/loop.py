@@ -48,7 +48,7 @@ from flax import nnx
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from matpo_jax.model.qwen3 import KVCache, init_cache
+from matpo_jax.model.decoder import KVCache, init_cache
 from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
 from matpo_jax.sampler.host_protocol import (STOP_CACHE_FULL, STOP_NONE, STOP_TURN_CAP,

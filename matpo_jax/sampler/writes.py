@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from matpo_jax.model.qwen3 import KVCache, init_cache
+from matpo_jax.model.decoder import KVCache, init_cache
 
 
 def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int, max_num: int):

@@ -155,7 +155,7 @@ def target_logprobs(hidden: jax.Array, head: jax.Array, targets: jax.Array, *,
     skipped).
 
     hidden [B, T, H] and head [H, V] in the compute dtype; the matmul accumulates in float32, as
-    `Qwen3ForCausalLM.logits_from_hidden` does. A length that `seq_block` does not divide is
+    `CausalLM.logits_from_hidden` does. A length that `seq_block` does not divide is
     padded (the padded positions are computed and dropped)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
@@ -251,7 +251,7 @@ def score_tokens(model, tokens: jax.Array, positions: jax.Array, segment_ids: ja
                  seq_block: int = SEQ_BLOCK, vocab_block: int = VOCAB_BLOCK,
                  scored: jax.Array | None = None, scored_capacity: int | None = None,
                  prefix_ids: jax.Array | None = None):
-    """`next_token_logprobs` of packed rows under a `Qwen3ForCausalLM`: its decoder (with the
+    """`next_token_logprobs` of packed rows under a `CausalLM`: its decoder (with the
     `remat` policy per layer, optionally scanned), then the blockwise log-softmax of its output
     head. For the train step, and for reference-policy log-probs at the sampling temperature.
     scored: [B, T] bool, the positions the caller reads (the others are returned as 0): the head

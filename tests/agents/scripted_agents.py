@@ -21,7 +21,7 @@ from flax import nnx
 
 from matpo_jax.agents import prompts
 from matpo_jax import tools
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.chat import ChatFormat, MalformedToolCall, format_tool_call, parse_tool_call
 from matpo_jax.chat.tokenizer_training import train_tokenizer
 
@@ -157,7 +157,7 @@ def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleS
 
     think: reasoning text (`<think>...</think>`) opening every worker tool-call turn, for
     workloads whose tool loops decode long turns, as real reasoning models' do.
-    architecture: Qwen3Config fields replacing the tiny defaults (vocab_size is the tokenizer's).
+    architecture: DecoderConfig fields replacing the tiny defaults (vocab_size is the tokenizer's).
     """
     conversations = {}
     for script in planners:
@@ -180,15 +180,15 @@ def scripted_policy(planners: Sequence[PlannerScript], singles: Sequence[SingleS
     return ScriptedPolicy(chat, graphdef, state, margin, conversations)
 
 
-def tiny_model(vocab_size: int, seed: int = 0, **architecture) -> Qwen3ForCausalLM:
+def tiny_model(vocab_size: int, seed: int = 0, **architecture) -> CausalLM:
     fields = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                   max_position_embeddings=4096)
-    config = Qwen3Config(vocab_size=vocab_size, **{**fields, **architecture})
-    return Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed))
+    config = DecoderConfig(vocab_size=vocab_size, **{**fields, **architecture})
+    return CausalLM(config, rngs=nnx.Rngs(seed))
 
 
-def fit(model: Qwen3ForCausalLM, sequences: Sequence[tuple[list[int], list[bool]]],
+def fit(model: CausalLM, sequences: Sequence[tuple[list[int], list[bool]]],
         max_steps: int = 400, learning_rate: float = 1e-2, margin: float = 1.0,
         check_every: int = 5) -> tuple[nnx.GraphDef, nnx.State, float]:
     """Supervised fit on the trainable tokens of `sequences` until greedy decoding replays them.

@@ -39,7 +39,7 @@ def built_model(cfg):
     calls = []
     with mock.patch.object(runtime, "load_pretrained",
                            lambda path, **kw: calls.append(("hf", path, kw["dtype"], kw["param_dtype"]))), \
-            mock.patch.object(runtime, "Qwen3ForCausalLM",
+            mock.patch.object(runtime, "CausalLM",
                               lambda config, rngs: calls.append(("fresh", config, rngs))), \
             mock.patch.object(runtime.nnx, "Rngs", lambda seed: ("rngs", seed)), \
             mock.patch.object(runtime.parallel, "shard_model", lambda model, mesh: model):

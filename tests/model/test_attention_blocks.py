@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from matpo_jax.model.qwen3 import grouped_attention, packed_attention
+from matpo_jax.model.decoder import grouped_attention, packed_attention
 
 
 def dense_packed(q, k, v, segment_ids, prefix_ids=None):

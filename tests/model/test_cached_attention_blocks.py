@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from matpo_jax.model.qwen3 import blocked_cached_attention, cached_attention
+from matpo_jax.model.decoder import blocked_cached_attention, cached_attention
 
 
 def test_blocked_cache_attention_matches_dense_mask():

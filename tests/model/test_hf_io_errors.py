@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from matpo_jax.model import CheckpointFormatError, Qwen3Config, load_pretrained
+from matpo_jax.model import CheckpointFormatError, DecoderConfig, load_pretrained
 from matpo_jax.model.hf_io import hf_name
 
 WEIGHTS = "model.safetensors"
@@ -77,13 +77,18 @@ def test_unexpected_tensor_is_named(checkpoint_copy):
 
 
 @pytest.mark.parametrize("changes, field", [
-    (dict(model_type="llama"), "model_type"),
+    (dict(model_type="gemma3"), "model_type 'gemma3' is not supported; supported: 'qwen3'"),
     (dict(architectures=["LlamaForCausalLM"]), "architectures"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(use_sliding_window=True, sliding_window=4), "use_sliding_window"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}),
-     "rope_parameters"),
-    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_scaling"),
+     "rope_parameters type 'yarn' is not supported"),
+    (dict(rope_parameters=_DELETE, rope_scaling={"type": "dynamic", "factor": 2.0}),
+     "rope_scaling type 'dynamic' is not supported"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}),
+     "rope_scaling type 'linear' disagrees with rope_parameters type 'default'"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0}),
+     "rope scaling 'llama3' is missing field 'low_freq_factor'"),
     (dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(hidden_size=_DELETE), "hidden_size"),
@@ -126,9 +131,9 @@ def test_legacy_config_and_bfloat16_weights(untied_checkpoint, untied_model, tmp
 
 
 def test_config_round_trip_and_validation():
-    config = Qwen3Config(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+    config = DecoderConfig(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=4, rope_theta=123.0)
-    assert Qwen3Config.from_hf_dict(config.to_hf_dict()) == config
+    assert DecoderConfig.from_hf_dict(config.to_hf_dict()) == config
     assert hf_name("layers/3/self_attn/q_norm/scale") == "model.layers.3.self_attn.q_norm.weight"
     assert hf_name("lm_head/kernel") == "lm_head.weight"
     with pytest.raises(ValueError, match="dtype"):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from matpo_jax.model import (KVCache, Qwen3Config, Qwen3ForCausalLM, init_cache, load_pretrained,
+from matpo_jax.model import (KVCache, DecoderConfig, CausalLM, init_cache, load_pretrained,
                              save_pretrained)
 
 TOL = 1e-4
@@ -144,7 +144,7 @@ def test_save_pretrained_round_trips_through_transformers(untied_model, untied_c
     save_pretrained(untied_model, str(tmp_path))
     with open(os.path.join(tmp_path, "config.json")) as f:
         config = json.load(f)
-    assert config["model_type"] == "qwen3" and config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["model_type"] == "qwen3" and config["architectures"] == ["CausalLM"]
     reloaded = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path)).eval()
     batch = tokens((2, 12), seed=6)
     import torch
@@ -153,7 +153,7 @@ def test_save_pretrained_round_trips_through_transformers(untied_model, untied_c
     diff = max_diff(logits, untied_checkpoint.logits(batch))
     print(f"\nsave_pretrained -> transformers round trip: max|diff|={diff:.2e}")
     assert diff < 1e-6
-    assert Qwen3Config.from_hf_dict(config) == untied_model.config
+    assert DecoderConfig.from_hf_dict(config) == untied_model.config
 
 
 def test_bfloat16_compute_runs_and_stays_close(untied_checkpoint, untied_model, jit_apply):
@@ -174,10 +174,10 @@ def test_bfloat16_compute_runs_and_stays_close(untied_checkpoint, untied_model, 
 
 
 def test_fresh_model_shapes_and_cache_contract():
-    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+    config = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=1, head_dim=8,
                          tie_word_embeddings=True)
-    model = Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    model = CausalLM(config, rngs=nnx.Rngs(0))
     assert not hasattr(model, "lm_head")
     cache = init_cache(config, batch=2, max_len=5)
     # Per layer, heads-major: keys [batch, kv_heads, head_dim, max_len], values [.., max_len, head_dim].

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from matpo_jax import parallel
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.model.remat import remat_policy
 from matpo_jax.trainer import step as ts
 from matpo_jax.trainer.packing import PackedBatch
@@ -16,12 +16,12 @@ from fixtures.losses import default_loss
 
 LOSS = default_loss()  # the default experiment's loss
 
-CONFIG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+CONFIG = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
 
 
 def test_every_policy_and_layer_scan_give_identical_values_and_gradients():
-    graphdef, params = nnx.split(Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(CausalLM(CONFIG, rngs=nnx.Rngs(0)))
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (2, 24)), jnp.int32)
     segments = jnp.asarray([[1] * 10 + [2] * 14, [1] * 20 + [0] * 4])
@@ -47,7 +47,7 @@ def test_every_policy_and_layer_scan_give_identical_values_and_gradients():
 
 
 def test_train_step_traces_the_configured_policy():
-    model = Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0))
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(0))
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
     graphdef, state, shardings = ts.init_train_state(model, optax.sgd(0.1), mesh)
     ints, floats = jnp.zeros((2, 16), jnp.int32), jnp.zeros((2, 16), jnp.float32)

@@ -11,10 +11,10 @@ from jax.sharding import AxisType, PartitionSpec as P
 from safetensors.numpy import load_file
 
 from matpo_jax import parallel
-from matpo_jax.model import (Qwen3Config, Qwen3ForCausalLM, init_cache, load_pretrained,
+from matpo_jax.model import (DecoderConfig, CausalLM, init_cache, load_pretrained,
                              save_pretrained)
 
-CONFIG = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+CONFIG = DecoderConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 TOKENS = np.random.RandomState(0).randint(0, 128, (4, 10)).astype(np.int32)
 
@@ -33,7 +33,7 @@ def jitted_forward(model):
 @pytest.fixture(scope="module")
 def reference():
     """An unsharded model and its logits on TOKENS."""
-    model = Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0))
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(0))
     return model, np.asarray(jitted_forward(model)(jnp.asarray(TOKENS)))
 
 
@@ -56,7 +56,7 @@ def test_make_mesh_from_dict_fill_and_errors():
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_rules_cover_every_parameter(tied):
-    model = nnx.eval_shape(lambda: Qwen3ForCausalLM(CONFIG.replace(tie_word_embeddings=tied),
+    model = nnx.eval_shape(lambda: CausalLM(CONFIG.replace(tie_word_embeddings=tied),
                                                     rngs=nnx.Rngs(0)))
     specs = {path: parallel.spec_for(path) for path in flat_params(model)}
     assert specs["embed_tokens/embedding"] == P("tensor", "fsdp")
@@ -73,7 +73,7 @@ def test_unmatched_parameter_is_named():
         parallel.spec_for("layers/0/adapter/kernel")
     rules = [(r"kernel$|embedding$", P("fsdp"))]
     with pytest.raises(parallel.UnmatchedParameterError, match="norm/scale"):
-        parallel.param_shardings(nnx.state(Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0))),
+        parallel.param_shardings(nnx.state(CausalLM(CONFIG, rngs=nnx.Rngs(0))),
                                  parallel.make_mesh(fsdp=8), rules)
 
 

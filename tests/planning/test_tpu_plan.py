@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from matpo_jax.config import load_config_file, to_typed
-from matpo_jax.model import Qwen3Config
+from matpo_jax.model import DecoderConfig
 from matpo_jax.planning import report, step_plan
 from matpo_jax.planning.topology import CHIPS, TopologyError, parse_topology
 from matpo_jax.run.plan_inputs import plan_inputs
@@ -19,7 +19,7 @@ from fixtures.losses import default_loss
 
 LOSS = default_loss()  # the default experiment's loss
 
-CONFIG = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+CONFIG = DecoderConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, dtype="bfloat16")
 
 

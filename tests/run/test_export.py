@@ -14,7 +14,7 @@ from flax import nnx
 from matpo_jax import export as export_cli
 from matpo_jax.chat import ChatFormat
 from matpo_jax.config import apply_overrides, base_config, save_config
-from matpo_jax.model import Qwen3Config, load_pretrained
+from matpo_jax.model import DecoderConfig, load_pretrained
 from matpo_jax.run.export import ExportError, abstract_params, restore_params
 from matpo_jax.tools.schemas import OPEN_SCHEMA, SEARCH_SCHEMA
 from matpo_jax.trainer.checkpoint import Checkpointer
@@ -91,7 +91,7 @@ def test_exported_rl_checkpoint_generates_in_transformers_like_our_model(
 
 
 def test_restore_params_reads_params_alone_from_either_checkpoint_layout(tmp_path):
-    config = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    config = DecoderConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=8)
     target = abstract_params(config)
     rng = np.random.RandomState(0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.sampler.host_protocol import SlotInjection
 from matpo_jax.sampler.loop import Sampling
 
@@ -39,10 +39,10 @@ def greedy(shapes):
 def tiny_model():
     # A wide init makes the random model's distributions peaked: greedy ties are far apart and
     # top-p truncation actually removes tokens.
-    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    config = DecoderConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=8, initializer_range=0.3)
-    return Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
+    return CausalLM(config, rngs=nnx.Rngs(0))
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,12 @@
 """How many decode slots fit a per-chip budget: the KV-cache arithmetic and the start-up error."""
 import pytest
 
-from matpo_jax.model import Qwen3Config
+from matpo_jax.model import DecoderConfig
 from matpo_jax.sampler.capacity import (DecodeSlotsError, check_decode_slots, decode_slot_budget,
                                         kv_bytes_per_slot)
 
 # Qwen3-4B: 36 layers, 8 kv heads of 128, vocabulary 151,936; the cache in bfloat16.
-QWEN3_4B = Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+QWEN3_4B = DecoderConfig(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
                        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                        head_dim=128, dtype="bfloat16")
 GIB = 2**30

@@ -40,7 +40,7 @@ def build(workdir: str, steps: int, *, nan_steps=(), async_save: bool = True,
     from flax import nnx
 
     from matpo_jax import parallel
-    from matpo_jax.model import Qwen3ForCausalLM
+    from matpo_jax.model import CausalLM
     from matpo_jax.rl import rewards
     from matpo_jax.rl.batch import matpo_batch
     from matpo_jax.trainer import loop as loop_lib
@@ -50,7 +50,7 @@ def build(workdir: str, steps: int, *, nan_steps=(), async_save: bool = True,
     from rl_batches import make_matpo_batch, tiny_model_config
 
     mesh = parallel.make_mesh(devices=jax.devices()[:1])
-    model = Qwen3ForCausalLM(tiny_model_config(), rngs=nnx.Rngs(0))
+    model = CausalLM(tiny_model_config(), rngs=nnx.Rngs(0))
     config = loop_lib.LoopConfig(
         name="tiny", steps=steps, checkpoint_dir=os.path.join(workdir, "checkpoints"),
         checkpoint_every=1, keep_checkpoints=2, async_checkpointing=async_save,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from matpo_jax.model import Qwen3Config, Qwen3ForCausalLM
+from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer.packing import PackedBatch
@@ -134,10 +134,10 @@ def _packed_batch(rng, rows, length, vocab):
 def test_model_objective_equals_policy_loss_on_dense_logits():
     """What the train step differentiates (blockwise, from hidden states) against the dense
     objective on the model's logits, with KL and entropy terms on and T = 0.7."""
-    config = Qwen3Config(vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    config = DecoderConfig(vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                          tie_word_embeddings=True)
-    graphdef, params = nnx.split(Qwen3ForCausalLM(config, rngs=nnx.Rngs(1)))
+    graphdef, params = nnx.split(CausalLM(config, rngs=nnx.Rngs(1)))
     batch = _packed_batch(np.random.default_rng(2), 2, 40, config.vocab_size)
     loss_config = default_loss(kl_coef=0.05, kl_type="low_var_kl", entropy_coef=0.01)
 
@@ -164,11 +164,11 @@ def test_compiled_loss_never_holds_the_logits():
     """Compiled fwd+bwd of the objective at vocab 16,384: its temporaries are a small fraction
     of the [rows, T, vocab] float32 logits the dense path holds (more than once, with
     gradients)."""
-    config = Qwen3Config(vocab_size=16384, hidden_size=32, intermediate_size=64,
+    config = DecoderConfig(vocab_size=16384, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=8, tie_word_embeddings=True)
     rows, length = 2, 512
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen3ForCausalLM(config,
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: CausalLM(config,
                                                                          rngs=nnx.Rngs(0))))
     batch = jax.eval_shape(lambda: _packed_batch(np.random.default_rng(0), rows, length, 100))
     logits_bytes = rows * length * config.vocab_size * 4

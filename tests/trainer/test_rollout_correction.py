@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from matpo_jax import parallel
-from matpo_jax.model import Qwen3ForCausalLM
+from matpo_jax.model import CausalLM
 from matpo_jax.sampler.loop import Sampling, generate
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import packing
@@ -97,7 +97,7 @@ PROMPTS = [[5, 9, 2], [17, 3, 3, 40], [64], [8, 100, 7]]
 def bf16_rollouts(tiny_model):
     """Tokens and log-probs from the jitted slot sampler decoding in bfloat16 (the float32
     parameters, computed in bfloat16 with a bfloat16 KV cache), packed as an RL batch."""
-    bf16 = Qwen3ForCausalLM(dataclasses.replace(tiny_model_config(), dtype="bfloat16"),
+    bf16 = CausalLM(dataclasses.replace(tiny_model_config(), dtype="bfloat16"),
                             rngs=nnx.Rngs(0))
     graphdef_bf16, _ = nnx.split(bf16)
     _, params = nnx.split(tiny_model)
