@@ -35,10 +35,10 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", None, "Questions per rollout ba
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Keep third-party INFO logs (Orbax, TFDS...).")
 
 
+@config_lib.one_line_errors
 def main(argv):
     del argv
-    if _WORKDIR.value is None:
-        raise app.UsageError("--workdir is required (results, transcripts and report.md go there)")
+    workdir = config_lib.check_workdir(_WORKDIR.value)  # results, transcripts, report.md
     from matpo_jax.report import logs
     logs.configure(verbose=_VERBOSE.value)
     import jax
@@ -47,16 +47,20 @@ def main(argv):
         tfds.disable_progress_bar()  # one bar per split and file of every dataset built
 
     cfg = config_lib.config_from_flags(_CONFIG, jax.device_count())
+    from matpo_jax.data.published import DatasetFileError, DatasetRowError
     from matpo_jax.run.eval.job import BenchmarkOptions, run_benchmarks
     options = BenchmarkOptions(
-        datasets=_DATASETS.value or list(cfg.eval.datasets), workdir=_WORKDIR.value,
+        datasets=_DATASETS.value or list(cfg.eval.datasets), workdir=workdir,
         checkpoint=_CHECKPOINT.value, samples=_SAMPLES.value, grader=_GRADER.value,
         judge_url=_JUDGE_URL.value, split=_SPLIT.value, num_questions=_NUM_QUESTIONS.value,
         corpus=_CORPUS.value, batch_size=_BATCH_SIZE.value, temperature=_TEMPERATURE.value)
-    numbers = run_benchmarks(cfg, options)
+    try:
+        numbers = run_benchmarks(cfg, options)
+    except (DatasetFileError, DatasetRowError) as error:  # a published file: names file and row
+        raise config_lib.ConfigError(str(error)) from error
     if jax.process_index() == 0:
         from matpo_jax.report.files import run_path
-        print(run_path(_WORKDIR.value, "report.md").read_text(encoding="utf-8"))  # the table
+        print(run_path(workdir, "report.md").read_text(encoding="utf-8"))  # the table
         logging.info("%d dataset(s) evaluated", len(numbers))
 
 

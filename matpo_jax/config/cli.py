@@ -189,6 +189,8 @@ def check_workdir(workdir: str | None) -> str:
     """The run directory, created; ConfigError (one line) when it cannot be created or written."""
     if not workdir:
         raise ConfigError("--workdir is required (e.g. --workdir=runs/x)")
+    # A quoted "~/x" reaches us unexpanded: it means the home directory, never a "./~" folder.
+    workdir = os.path.expanduser(workdir)
     if "://" in workdir:  # an object store: one small object written and deleted proves access
         # named per process: every host of a pod checks at once
         probe = run_path(workdir, f".write_check.{socket.gethostname()}.{os.getpid()}")

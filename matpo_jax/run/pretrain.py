@@ -34,6 +34,7 @@ from matpo_jax.data.reading_tasks import ReadingExample, ReadingTaskWriter
 from matpo_jax.data.world_assets import prepare_world, world_config
 from matpo_jax.model import save_pretrained
 from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.run import provenance
 from matpo_jax.run.runtime import build_model, make_mesh, step_config
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import packing
@@ -155,10 +156,15 @@ def pretrain_optimizer_config(cfg: ExperimentConfig) -> step_lib.OptimizerConfig
                                     weight_decay=cfg.rl.weight_decay, grad_clip=cfg.rl.grad_clip)
 
 
-def pretrain_loop_config(cfg: ExperimentConfig, workdir: str) -> loop_lib.LoopConfig:
+def pretrain_loop_config(cfg: ExperimentConfig, workdir: str,
+                         chat: ChatFormat | None = None) -> loop_lib.LoopConfig:
     """Checkpoints every tenth of the phase in <workdir>/checkpoints/pretrain (a killed rebuild
-    resumes), written synchronously (the phase is short and a warm start must be whole)."""
+    resumes), written synchronously (the phase is short and a warm start must be whole); each
+    records the config and `chat`'s tokenizer (run/provenance.py)."""
+    identity = {} if chat is None else {
+        provenance.IDENTITY_KEY: provenance.checkpoint_identity(cfg, chat)}
     return loop_lib.LoopConfig(name="pretrain", steps=cfg.pretrain.steps,
+                               checkpoint_metadata=identity,
                                checkpoint_dir=os.path.join(workdir, "checkpoints", "pretrain"),
                                checkpoint_every=max(cfg.pretrain.steps // 10, 1),
                                keep_checkpoints=2, async_checkpointing=False,
@@ -200,7 +206,7 @@ def run_pretrain(cfg: ExperimentConfig, workdir: str, out_dir: str, *,
     mesh = make_mesh(cfg)
     model = build_model(cfg, mesh)
     scfg = step_config(cfg, "sft")
-    loop = loop_lib.TrainLoop(pretrain_loop_config(cfg, workdir), model,
+    loop = loop_lib.TrainLoop(pretrain_loop_config(cfg, workdir, assets.chat), model,
                               pretrain_optimizer_config(cfg), scfg, mesh)
     writer = reading_writer(cfg, world, TRAIN_STREAM)
     rows = batch_rows(cfg, scfg.row_multiple(mesh))

@@ -117,7 +117,7 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
     validation curve's questions, or the whole evaluation; run/eval/curve.py)."""
     cfg = rt.cfg
     scfg = step_config(cfg, "rl")
-    loop = loop_lib.TrainLoop(loop_config(cfg, "rl", rt.path("checkpoints", "rl")),
+    loop = loop_lib.TrainLoop(loop_config(cfg, "rl", rt.path("checkpoints", "rl"), rt.chat),
                               nnx.merge(graphdef, params, frozen), optimizer_config(cfg, "rl"),
                               scfg, rt.mesh)
     questions = iter(question_loader(rt))

@@ -23,6 +23,7 @@ from matpo_jax.model import DecoderConfig, CausalLM, load_pretrained
 from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
+from matpo_jax.run import provenance
 from matpo_jax.tools import clients as tools_lib
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import loss as loss_lib
@@ -149,10 +150,15 @@ def step_config(cfg: ExperimentConfig, phase: str) -> step_lib.TrainStepConfig:
                                     role_grad_norms=cfg.rl.role_grad_norms)
 
 
-def loop_config(cfg: ExperimentConfig, phase: str, checkpoint_dir: str | None) -> loop_lib.LoopConfig:
-    """The training loop of a phase ("copy", "sft" or "rl"); checkpoints in `checkpoint_dir`."""
+def loop_config(cfg: ExperimentConfig, phase: str, checkpoint_dir: str | None,
+                chat: ChatFormat | None = None) -> loop_lib.LoopConfig:
+    """The training loop of a phase ("copy", "sft" or "rl"); checkpoints in `checkpoint_dir`,
+    each recording the run's config and `chat`'s tokenizer (run/provenance.py)."""
     train = cfg.train
-    shared = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=train.checkpoint_every,
+    identity = {} if chat is None else {
+        provenance.IDENTITY_KEY: provenance.checkpoint_identity(cfg, chat)}
+    shared = dict(checkpoint_dir=checkpoint_dir, checkpoint_metadata=identity,
+                  checkpoint_every=train.checkpoint_every,
                   keep_checkpoints=train.keep_checkpoints,
                   async_checkpointing=train.async_checkpointing, log_every=train.log_every,
                   max_nonfinite_steps=train.max_nonfinite_steps, seed=train.seed)

@@ -138,8 +138,8 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
         log.info("sft.steps = 0: no SFT")
         return graphdef, state
     scfg = step_config(cfg, "sft")
-    loop = loop_lib.TrainLoop(loop_config(cfg, "sft", rt.path("checkpoints", "sft")), model,
-                              optimizer_config(cfg, "sft"), scfg, rt.mesh)
+    loop = loop_lib.TrainLoop(loop_config(cfg, "sft", rt.path("checkpoints", "sft"), rt.chat),
+                              model, optimizer_config(cfg, "sft"), scfg, rt.mesh)
     if cfg.sft.init_checkpoint:
         return loop.graphdef, restore_shared_start(cfg, loop.state)
     batches = _SFTBatches(rt, model, scfg)

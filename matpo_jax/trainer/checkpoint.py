@@ -116,11 +116,14 @@ class Checkpointer:
         return list(self._manager.all_steps())
 
     def restore_latest(self, params: PyTree, opt_state: PyTree | None = None,
-                       extras: PyTree | None = None) -> Restored | None:
+                       extras: PyTree | None = None, *, set_aside: bool = True
+                       ) -> Restored | None:
         """Restores the newest checkpoint that reads back whole onto the targets; None when there
         is no checkpoint. Newer ones that do not (see the module doc) are set aside, each with a
-        one-line warning naming it. When none restores, nothing is set aside and the error names
-        the directory (a target that fits no checkpoint, e.g. another model, fails them all)."""
+        one-line warning naming it; a reader that does not own the directory (evaluate, export:
+        `set_aside=False`) only skips them, with the same warning. When none restores, nothing is
+        set aside and the error names the directory (a target that fits no checkpoint, e.g.
+        another model, fails them all)."""
         failed = []
         for step in sorted(self.all_steps(), reverse=True):
             try:
@@ -132,6 +135,10 @@ class Checkpointer:
                                      f"{(str(error).strip().splitlines() or [''])[0][:200]}"))
                 continue
             for bad, reason in failed:
+                if not set_aside:
+                    log.warning("checkpoint %s is unreadable (%s); using step %d, the newest "
+                                "that restores", self.directory / str(bad), reason, step)
+                    continue
                 log.warning("checkpoint %s is unreadable (%s); set aside as %s%s, resuming from "
                             "step %d", self.directory / str(bad), reason, bad, INVALID_SUFFIX, step)
                 self._set_aside(bad)

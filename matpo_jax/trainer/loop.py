@@ -54,6 +54,9 @@ class LoopConfig:
     seed: int = 0  # the TrainState's RNG
     metric_prefix: str = ""  # prepended to the train step's metric names ("sft/")
     progress_keys: tuple[str, ...] = ("loss",)
+    # JSON the phase's checkpoints record beside the step (run/provenance.py: the run's config
+    # and tokenizer, which readers of the checkpoint check what they pair it with against)
+    checkpoint_metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -147,7 +150,7 @@ class TrainLoop:
                                     f"saved; the last good checkpoint is {self._last_good()}")
         state = self.state
         if checkpoints.save(step, params=state.params, opt_state=state.opt_state,
-                            extras=_counters(state),
+                            extras=_counters(state), metadata=dict(self.config.checkpoint_metadata),
                             data_state=None if data is None else data.get_state(), force=force):
             self.last_saved = step
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from matpo_jax.config import load_config_file, to_typed
+from matpo_jax.config import ConfigError, load_config_file, to_typed
 from matpo_jax.run.eval import job as eval_job
 from matpo_jax.run.runtime import build_model, make_mesh
 from matpo_jax.trainer import checkpoint as ckpt_lib
@@ -75,7 +75,7 @@ def test_restore_model_reads_the_checkpoint_parameters(checkpoint, tokenizer_dir
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert any(not np.array_equal(np.asarray(a), np.asarray(b))  # not the config's init
                    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(fresh)))
-    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+    with pytest.raises(ConfigError, match="no checkpoint in"):  # one line at the command
         eval_job.restore_model(cfg, mesh, str(tmp_path))
 
 

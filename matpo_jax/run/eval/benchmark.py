@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from matpo_jax.report import files
 from matpo_jax.run.eval import report, results as results_lib, summary as summary_lib
@@ -31,14 +31,15 @@ class BenchmarkEvaluator:
     """`eval/<label>/...` metrics and the per-group summary of one dataset's questions."""
 
     def __init__(self, label: str, questions: Sequence[BenchmarkQuestion], grader: Grader, *,
-                 out_dir: str, batch_size: int):
+                 out_dir: str, batch_size: int, source: Mapping[str, Any] | None = None):
         self.label, self.questions, self.grader = label, questions, grader
-        self.out_dir, self.batch_size = out_dir, batch_size
+        self.out_dir, self.batch_size, self.source = out_dir, batch_size, source
 
     def run(self, policy: Policy) -> Evaluation:
         results = evaluate_dataset(self.questions, rollout_sampler(policy, self.label),
                                    self.grader, samples=policy.samples, out_dir=self.out_dir,
-                                   batch_size=self.batch_size, decode=policy.chat.decode)
+                                   batch_size=self.batch_size, decode=policy.chat.decode,
+                                   source=self.source)
         summary = summary_lib.summarize(results)
         log.info("%s: avg@%d %.3f over %d questions", self.label, policy.samples,
                  summary[summary_lib.ALL].avg_at_k, len(results))
@@ -49,18 +50,22 @@ class BenchmarkEvaluator:
 def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: RolloutFn,
                      grader: Grader, *, samples: int, out_dir: str, batch_size: int = 8,
                      decode: Callable[[Sequence[int]], str] | None = None,
-                     regrade_failures: bool = True) -> list[dict]:
+                     regrade_failures: bool = True,
+                     source: Mapping[str, Any] | None = None) -> list[dict]:
     """Every question's result (earlier runs' included), in `questions` order.
 
     Batches are fixed slices of `questions` (batch b: questions b*batch_size ...), so a rerun
     samples a batch with the same `rollout_fn(..., b)` key; only questions without a result line
-    are rolled out.
+    are rolled out. `source`: what produced the answers (job.evaluation_source: checkpoint path
+    and step, hashes, temperature), recorded on every result line; a rerun with another source
+    is refused (results.resume), never mixed in.
     """
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples={samples} and batch_size={batch_size} must be >= 1")
     files.makedirs(out_dir)
     wanted = {q.id for q in questions}
-    earlier = results_lib.resume(out_dir, grader, samples, regrade=regrade_failures)
+    source = dict(source or {})
+    earlier = results_lib.resume(out_dir, grader, samples, source, regrade=regrade_failures)
     done = {r["id"]: r for r in earlier if r["id"] in wanted}
     if done:
         log.info("%s: %d of %d questions already evaluated", out_dir, len(done), len(questions))
@@ -77,7 +82,8 @@ def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: Rollout
         for p, row, grades in zip(graded.positions, graded.outcomes, graded.grades):
             q = questions[p]
             result = {"id": q.id, "question": q.question, "answers": q.answers,
-                      "categories": q.categories, "grader": grader.method, "samples": []}
+                      "categories": q.categories, "grader": grader.method, "source": source,
+                      "samples": []}
             for s, (outcome, grade) in enumerate(zip(row, grades)):
                 result["samples"].append({"prediction": outcome.prediction, "grade": grade,
                                           "tool_calls": outcome.tool_calls,

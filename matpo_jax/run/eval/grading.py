@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matpo_jax.config import RewardSection
+from matpo_jax.config import ConfigError, RewardSection
 from matpo_jax.rl import judge as judge_lib
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.run.runtime import judge_config
@@ -60,5 +60,5 @@ def make_grader(reward: RewardSection, method: str | None = None,
         return Grader(method, f1_threshold=reward.f1_threshold)
     url = judge_url or reward.judge_url
     if not url:
-        raise ValueError("grader 'judge' needs an endpoint: --judge_url or reward.judge_url")
+        raise ConfigError("grader 'judge' needs an endpoint: --judge_url or reward.judge_url")
     return Grader("judge", judge=judge_lib.LLMJudge(judge_config(reward, url)))

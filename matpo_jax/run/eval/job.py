@@ -28,6 +28,7 @@ import jax
 from flax import nnx
 
 from matpo_jax.chat import ChatFormat
+from matpo_jax.config import ConfigError
 from matpo_jax.data import loader as loader_lib
 from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
@@ -39,6 +40,8 @@ from matpo_jax.run.eval.benchmark import BenchmarkEvaluator
 from matpo_jax.run.eval.collect import Policy
 from matpo_jax.run.eval.grading import make_grader
 from matpo_jax.run.eval.questions import load_questions
+from matpo_jax.run import provenance
+from matpo_jax.run.workdir_lock import workdir_lock
 from matpo_jax.run.runtime import (build_model, make_mesh, make_toolbox, rollout_config,
                                    run_chat, tool_calls_per_turn)
 from matpo_jax.tools.search_server import SearchServer
@@ -66,12 +69,21 @@ def parse_dataset(spec: str) -> tuple[str, str | None]:
     """"gaia/all" -> ("gaia", "all"); "frames" -> ("frames", None)."""
     name, _, config = spec.partition("/")
     if name not in loader_lib.DATASET_NAMES:
-        raise ValueError(f"dataset {spec!r}: known datasets are "
-                         f"{', '.join(loader_lib.DATASET_NAMES)}")
+        raise ConfigError(f"--datasets: {spec!r} is not a dataset; known datasets are "
+                          f"{', '.join(loader_lib.DATASET_NAMES)}")
     return name, config or None
 
 
 # ----------------------------------------------------------------------------- the model
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSource:
+    """The parameters an evaluation samples: an Orbax manager directory and step (None: its
+    newest readable one), a Hugging Face directory, or None (the model the config builds)."""
+    path: str | None
+    step: int | None = None
+    hf: bool = False
+
 
 def checkpoint_directory(path: str) -> tuple[str, int | None]:
     """(Orbax manager directory, step or None for the newest) of a run dir, a manager dir or a
@@ -95,27 +107,84 @@ def is_hf_checkpoint(path: str) -> bool:
         p.name.endswith((".safetensors", ".safetensors.index.json")) for p in directory.iterdir())
 
 
-def restore_model(cfg, mesh, checkpoint: str | None):
-    """(graphdef, model state) of `model.*` with the checkpoint's parameters. A directory with a
-    config.json and safetensors weights is a Hugging Face checkpoint; anything else (a run's
-    workdir, whose config.json is the run's config, included) is read as an Orbax checkpoint of
-    this code's trainer (only the parameters; the optimizer state is not read)."""
-    if checkpoint and is_hf_checkpoint(checkpoint):
+def locate_checkpoint(checkpoint: str | None) -> CheckpointSource:
+    """What --checkpoint names (ConfigError, one line, when it names nothing)."""
+    if not checkpoint:
+        return CheckpointSource(None)
+    if is_hf_checkpoint(checkpoint):
+        return CheckpointSource(checkpoint, hf=True)
+    directory, step = checkpoint_directory(checkpoint)
+    if not files.run_path(directory).is_dir():
+        raise ConfigError(f"--checkpoint={checkpoint}: no such directory")
+    return CheckpointSource(directory, step)
+
+
+def restore_source(cfg, mesh, source: CheckpointSource):
+    """(graphdef, model state, step restored) of `model.*` with the parameters `source` names.
+    A Hugging Face directory is loaded as `model.hf_checkpoint`; an Orbax checkpoint of this
+    code's trainer gives only its parameters (the optimizer state is not read): the step asked
+    for, else the newest that restores (a damaged newer one is skipped with one warning, never
+    moved: the run is not the evaluation's to change)."""
+    if source.hf:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
-                                                                 hf_checkpoint=checkpoint))
-        return nnx.split(build_model(cfg, mesh))
+                                                                 hf_checkpoint=source.path))
+        return (*nnx.split(build_model(cfg, mesh)), None)
     graphdef, params, frozen = nnx.split(build_model(cfg, mesh), nnx.Param, ...)
-    if checkpoint:
-        directory, step = checkpoint_directory(checkpoint)
-        if not files.run_path(directory).is_dir():
-            raise FileNotFoundError(f"--checkpoint {checkpoint}: no such directory")
-        with ckpt_lib.Checkpointer(directory, async_save=False) as checkpoints:
-            step = checkpoints.latest_step() if step is None else step
-            if step is None:
-                raise FileNotFoundError(f"--checkpoint {checkpoint}: no checkpoint in {directory}")
-            params = checkpoints.restore(step, params).params
-        log.info("restored parameters of step %d from %s", step, directory)
-    return graphdef, nnx.merge_state(params, frozen)
+    step = None
+    if source.path:
+        with ckpt_lib.Checkpointer(source.path, async_save=False) as checkpoints:
+            if source.step is None:
+                try:
+                    restored = checkpoints.restore_latest(params, set_aside=False)
+                except RuntimeError as error:  # none restores: one line naming the newest
+                    raise ConfigError(f"--checkpoint: {error}") from None
+                if restored is None:
+                    raise ConfigError(f"--checkpoint: no checkpoint in {source.path}")
+            elif source.step not in checkpoints.all_steps():
+                raise ConfigError(f"--checkpoint: {source.path} has no step {source.step} "
+                                  f"(steps: {sorted(checkpoints.all_steps())})")
+            else:
+                try:
+                    restored = checkpoints.restore(source.step, params)
+                except Exception as error:  # noqa: BLE001 - any failure to read: one line
+                    detail = (str(error).strip().splitlines() or [""])[0][:200]
+                    raise ConfigError(f"--checkpoint: step {source.step} of {source.path} does "
+                                      f"not restore ({type(error).__name__}: {detail})") from None
+            params, step = restored.params, restored.step
+        log.info("restored parameters of step %d from %s", step, source.path)
+    return graphdef, nnx.merge_state(params, frozen), step
+
+
+def restore_model(cfg, mesh, checkpoint: str | None):
+    """(graphdef, model state) of `model.*` with the parameters `checkpoint` names: a run's
+    workdir, an Orbax manager or step directory, or a Hugging Face directory (a directory with a
+    config.json and safetensors weights; a run's workdir, whose config.json is the run's config,
+    has no weights)."""
+    graphdef, state, _ = restore_source(cfg, mesh, locate_checkpoint(checkpoint))
+    return graphdef, state
+
+
+def checked_identity(cfg, source: CheckpointSource, step: int | None, chat) -> dict | None:
+    """The identity checkpoint `step` of `source` records, after checking that `chat`'s
+    tokenizer is the one it was trained with (provenance.ArtifactMismatch otherwise)."""
+    if source.path is None or source.hf or step is None:
+        return None
+    identity = provenance.read_identity(source.path, step)
+    provenance.check_tokenizer(identity, chat.tokenizer,
+                               checkpoint=os.path.join(source.path, str(step)),
+                               source="the tokenizer this evaluation reads with", config=cfg)
+    return identity
+
+
+def evaluation_source(cfg, source: CheckpointSource, step: int | None, identity: dict | None,
+                      chat, temperature: float) -> dict:
+    """What every result line records about what produced it; a resume into the same directory
+    must match it (results.resume): the parameters (path, step, the run's hashes), the tokenizer,
+    this evaluation's config and temperature."""
+    return {**provenance.source_identity(source.path, step, identity),
+            "tokenizer_sha256": provenance.tokenizer_sha256(chat.tokenizer),
+            "eval_config_sha256": provenance.config_sha256(cfg),
+            "temperature": float(temperature)}
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -142,7 +211,7 @@ def _corpus(cfg, options, specs, data_dir, world_assets) -> str | None:
             return musique.corpus_path(builder)
         if name == loader_lib.SYNTHETIC:
             return world_assets.corpus_path
-    raise ValueError("tools.search_backend='local' needs a corpus to search: pass --corpus "
+    raise ConfigError("tools.search_backend='local' needs a corpus to search: pass --corpus "
                      "(JSONL of id/title/contents), or set tools.search_url to a search service")
 
 
@@ -170,11 +239,18 @@ def _diagnoses(workdir: str, specs, world_assets) -> str:
 
 def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
     """Evaluates every dataset of `options` and writes <workdir>/report.md; returns the numbers
-    per dataset and group (summary.GroupSummary as dicts)."""
+    per dataset and group (summary.GroupSummary as dicts). One evaluation per workdir: process 0
+    holds its lock (run/workdir_lock.py) from before the first write to the end."""
     specs = [parse_dataset(spec) for spec in options.datasets]
     if options.samples < 1:
-        raise ValueError(f"--samples={options.samples} must be >= 1")
+        raise ConfigError(f"--samples={options.samples} must be >= 1")
+    source = locate_checkpoint(options.checkpoint)
     files.makedirs(options.workdir)
+    with workdir_lock(options.workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run_benchmarks(cfg, options, specs, source)
+
+
+def _run_benchmarks(cfg, options: BenchmarkOptions, specs, source: CheckpointSource):
     data_dir = cfg.data.data_dir or files.local_dir_for(options.workdir, "tfds")
     tokenizer = tokenizer_dir(cfg, options.checkpoint)
     world_assets = None
@@ -189,7 +265,8 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
                  for name, config in specs}
     grader = make_grader(cfg.reward, options.grader, options.judge_url)
     mesh = make_mesh(cfg)
-    graphdef, model_state = restore_model(cfg, mesh, options.checkpoint)
+    graphdef, model_state, step = restore_source(cfg, mesh, source)
+    identity = checked_identity(cfg, source, step, chat)
     rollout_cfg = dataclasses.replace(rollout_config(cfg, evaluation=True),
                                       group_size=options.samples)
     if options.temperature is not None:
@@ -198,6 +275,7 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         log.warning("%d samples at temperature 0 are %d copies of one answer: set "
                     "--temperature (or eval.temperature) above 0 for avg@K / pass@K",
                     options.samples, options.samples)
+    produced_by = evaluation_source(cfg, source, step, identity, chat, rollout_cfg.temperature)
     batch_size = options.batch_size or max(1, cfg.rollout.decode_slots // options.samples)
     corpus = _corpus(cfg, options, specs, data_dir, world_assets)
 
@@ -212,12 +290,14 @@ def run_benchmarks(cfg, options: BenchmarkOptions) -> dict[str, dict]:
         for (name, config), qs in questions.items():
             label = output_name(name, config)
             evaluator = BenchmarkEvaluator(label, qs, grader, batch_size=batch_size,
-                                           out_dir=os.path.join(options.workdir, label))
+                                           out_dir=os.path.join(options.workdir, label),
+                                           source=produced_by)
             summaries.update(evaluator.run(policy).summaries)
     if jax.process_index() == 0:
-        header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}; "
-                  f"mode: {rollout_cfg.mode}; samples: {options.samples}; temperature: "
-                  f"{rollout_cfg.temperature:g}; grader: {grader.method}")
+        at_step = f" (step {step})" if step is not None else ""
+        header = (f"# Benchmark evaluation\n\ncheckpoint: {options.checkpoint or '(none)'}"
+                  f"{at_step}; mode: {rollout_cfg.mode}; samples: {options.samples}; "
+                  f"temperature: {rollout_cfg.temperature:g}; grader: {grader.method}")
         footer = _diagnoses(options.workdir, specs, world_assets)
         summary_lib.write_report(options.workdir, summaries, header, footer)
     return {label: {group: dataclasses.asdict(s) for group, s in groups.items()}

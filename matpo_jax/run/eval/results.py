@@ -6,8 +6,10 @@ In a dataset's directory:
     transcripts.jsonl  one line per sample: the decoded contexts of the planner (or single agent)
                        and of every worker it called
 A batch's lines are appended once the batch is graded, transcripts first: a result line is the
-mark that its question is finished. A line cut by an interruption is dropped on resume, and so
-are the transcripts of questions without a result line.
+mark that its question is finished. A last line cut by an interruption is dropped on resume, and
+so are the transcripts of questions without a result line; any other unreadable line stops the
+resume naming it. Every result line records what produced it (`source`: the checkpoint, step and
+hashes, benchmark.evaluate_dataset): a resume with another source is refused.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import logging
 import os
 from typing import Sequence
 
+from matpo_jax.config import ConfigError
 from matpo_jax.report import files
 from matpo_jax.run.eval.grading import Grader
 
@@ -25,20 +28,37 @@ log = logging.getLogger(__name__)
 RESULTS_FILE, TRANSCRIPTS_FILE = "results.jsonl", "transcripts.jsonl"
 
 
+class ResultsError(ConfigError):
+    """A results file this evaluation cannot resume from (one line naming the file and line)."""
+
+
 def read_results(path: str) -> list[dict]:
-    """Result lines of an earlier run; a line cut by an interruption is dropped (and cut off)."""
+    """Result lines of an earlier run. The last line, cut by an interruption (no newline, or not
+    JSON), is dropped and cut off; any other unreadable line is an error naming it: the lines
+    after it were written later, so it was not cut, and nothing is dropped."""
     if not files.run_path(path).exists():
         return []
     results, keep_bytes = [], 0
     data = files.run_path(path).read_bytes()
-    for raw in io.BytesIO(data):  # the lines, each with its newline, as a file gives them
+    lines = list(io.BytesIO(data))  # the lines, each with its newline, as a file gives them
+    for number, raw in enumerate(lines, start=1):
         try:
             if not raw.endswith(b"\n"):  # written lines end in one: this one was cut
-                raise ValueError("no newline")
-            results.append(json.loads(raw))
-        except ValueError:  # JSONDecodeError included
-            log.warning("%s: dropping an incomplete last line", path)
+                raise ValueError("no newline at its end")
+            result = json.loads(raw)
+            if not isinstance(result, dict) or "id" not in result or "samples" not in result:
+                raise ValueError("not a result (a JSON object with id and samples)")
+        except ValueError as error:  # JSONDecodeError included
+            reason = " ".join(str(error).split())[:120]
+            if number < len(lines):
+                raise ResultsError(
+                    f"{path}:{number}: unreadable result line ({reason}); {len(lines) - number} "
+                    "line(s) follow it, so no interruption cut it: repair or delete that line "
+                    "(results are never dropped)") from None
+            log.warning("%s:%d: dropping the last line, cut by an interruption (%s)", path,
+                        number, reason)
             break
+        results.append(result)
         keep_bytes += len(raw)
     if keep_bytes < len(data):
         files.write_bytes_atomic(path, data[:keep_bytes])
@@ -84,18 +104,40 @@ def regrade_failures(results: list[dict], grader: Grader) -> int:
     return sum(g is None for g in grades)
 
 
-def resume(out_dir: str, grader: Grader, samples: int, *, regrade: bool = True) -> list[dict]:
+def check_source(results_path: str, earlier: list[dict], grader: Grader, samples: int,
+                 source: dict) -> None:
+    """One directory, one evaluation: every earlier result was sampled from the same parameters
+    with the same settings (`source`, benchmark.evaluate_dataset) and graded the same way;
+    ResultsError names the first line that was not."""
+    for number, result in enumerate(earlier, start=1):
+        where = f"{results_path}:{number}: question {result['id']!r}"
+        if len(result["samples"]) != samples or result.get("grader") != grader.method:
+            raise ResultsError(f"{where} has {len(result['samples'])} samples graded by "
+                               f"{result.get('grader')}, this run asks for {samples} graded by "
+                               f"{grader.method}; evaluate into another directory")
+        theirs = result.get("source")
+        if theirs == source:
+            continue
+        if not isinstance(theirs, dict):
+            raise ResultsError(f"{where} records no source (written before results recorded "
+                               "the checkpoint they were sampled from): its answers cannot be "
+                               "told apart from another checkpoint's; evaluate into another "
+                               "directory")
+        key = next(k for k in sorted(set(theirs) | set(source))
+                   if theirs.get(k) != source.get(k))
+        raise ResultsError(f"{where} was evaluated with {key} = {theirs.get(key)!r}, this "
+                           f"evaluation has {source.get(key)!r}: results of other parameters "
+                           "or settings are never mixed; evaluate into another directory")
+
+
+def resume(out_dir: str, grader: Grader, samples: int, source: dict | None = None, *,
+           regrade: bool = True) -> list[dict]:
     """The results already in `out_dir` (judge failures graded again when `regrade`), after
-    checking they were sampled and graded as this evaluation asks; transcripts without a result
-    line are dropped."""
+    checking they were produced as this evaluation asks (`check_source`); transcripts without a
+    result line are dropped."""
     results_path = os.path.join(out_dir, RESULTS_FILE)
     earlier = read_results(results_path)
-    for result in earlier:  # one directory, one way of sampling and grading
-        if len(result["samples"]) != samples or result.get("grader") != grader.method:
-            raise ValueError(f"{results_path}: question {result['id']!r} has "
-                             f"{len(result['samples'])} samples graded by "
-                             f"{result.get('grader')}, this run asks for {samples} graded by "
-                             f"{grader.method}; evaluate into another directory")
+    check_source(results_path, earlier, grader, samples, dict(source or {}))
     keep_transcripts_of(os.path.join(out_dir, TRANSCRIPTS_FILE), {r["id"] for r in earlier})
     if regrade and any(s["grade"] is None for r in earlier for s in r["samples"]):
         still = regrade_failures(earlier, grader)
