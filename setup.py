@@ -39,6 +39,11 @@ setup(
         "tqdm>=4.66",
         # gs:// workdirs: etils.epath's backend for gs:// when TensorFlow is not installed.
         "gcsfs>=2025.3",
+        # GGUF files (llama.cpp's format) -> Hugging Face directories (convert_gguf); transformers'
+        # own GGUF loader, the tests' reference, needs it too.
+        "gguf>=0.19,<0.20",
+        # A per-run lock where several processes share one converted model (tests, make smollm2).
+        "filelock>=3.12",
     ],
     extras_require={
         # nbclient + ipykernel: a test executes notebooks/ top to bottom in a real kernel.

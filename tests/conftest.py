@@ -31,7 +31,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
-                  "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer"]
+                  "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer",
+                  "fixtures.smollm2"]
 
 # The whole-run tests first (measured with --durations). `make test` runs the files on 2 workers
 # (pytest -n 2 --dist loadfile --no-loadscope-reorder: by default xdist reorders files by their

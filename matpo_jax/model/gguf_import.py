@@ -104,7 +104,7 @@ def _field(reader, key: str, default=None):
     field = reader.fields.get(key)
     if field is None:
         if default is None:
-            raise GGUFImportError(f"{reader.path}: metadata field {key!r} is missing")
+            raise GGUFImportError(f"metadata field {key!r} is missing")
         return default
     return field.contents()
 
@@ -114,13 +114,13 @@ def decoder_config(reader) -> DecoderConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise GGUFImportError(
-            f"{reader.path}: general.architecture {arch!r} is not supported (only 'llama')")
+            f"general.architecture {arch!r} is not supported (only 'llama')")
     heads = int(_field(reader, "llama.attention.head_count"))
     hidden = int(_field(reader, "llama.embedding_length"))
     names = {t.name for t in reader.tensors}
     rope_scaling = _field(reader, "llama.rope.scaling.type", "none")
     if rope_scaling not in ("none", ""):
-        raise GGUFImportError(f"{reader.path}: rope scaling {rope_scaling!r} is not supported")
+        raise GGUFImportError(f"rope scaling {rope_scaling!r} is not supported")
     return DecoderConfig(
         family="llama",
         vocab_size=int(_field(reader, "llama.vocab_size",
@@ -162,7 +162,7 @@ def dequantized_tensors(reader, config: DecoderConfig) -> dict[str, np.ndarray]:
         else:
             hf_module = _GLOBAL_TENSORS.get(prefix)
         if hf_module is None or suffix != "weight":
-            raise GGUFImportError(f"{reader.path}: unexpected tensor {tensor.name!r}")
+            raise GGUFImportError(f"unexpected tensor {tensor.name!r}")
         array = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
         # ne0 is the fastest axis: the torch shape is the GGUF shape reversed.
         array = array.reshape(tuple(int(n) for n in reversed(tensor.shape)))
@@ -196,9 +196,14 @@ def convert(gguf_path: str, out: str, known: KnownGGUF | None = None) -> Decoder
     if os.path.exists(out) and not os.path.isfile(os.path.join(out, _MARKER)):
         raise GGUFImportError(f"{out}: exists and is not a previous conversion; choose another "
                               f"--out or remove it")
-    reader = gguf.GGUFReader(gguf_path)
-    config = decoder_config(reader)
-    tensors = dequantized_tensors(reader, config)
+    try:
+        reader = gguf.GGUFReader(gguf_path)
+        config = decoder_config(reader)
+        tensors = dequantized_tensors(reader, config)
+    except GGUFImportError as err:  # the reader does not know its path: name the file here
+        raise GGUFImportError(f"{gguf_path}: {err}") from None
+    except (ValueError, KeyError) as err:  # the gguf reader's own complaints about the bytes
+        raise GGUFImportError(f"{gguf_path}: not a readable GGUF file ({err})") from None
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".converting-", dir=parent)

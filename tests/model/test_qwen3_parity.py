@@ -144,7 +144,7 @@ def test_save_pretrained_round_trips_through_transformers(untied_model, untied_c
     save_pretrained(untied_model, str(tmp_path))
     with open(os.path.join(tmp_path, "config.json")) as f:
         config = json.load(f)
-    assert config["model_type"] == "qwen3" and config["architectures"] == ["CausalLM"]
+    assert config["model_type"] == "qwen3" and config["architectures"] == ["Qwen3ForCausalLM"]
     reloaded = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path)).eval()
     batch = tokens((2, 12), seed=6)
     import torch
