@@ -3,8 +3,11 @@
   python -m matpo_jax.export --checkpoint=<workdir>/checkpoints/rl [--step=N] --out=DIR \\
       [--tokenizer=DIR] [--dtype=bfloat16]
 
-The architecture and tokenizer are read from the run's <workdir>/config.json. The result loads with
-transformers (`AutoModelForCausalLM.from_pretrained(DIR)`, `AutoTokenizer.from_pretrained(DIR)`).
+The architecture and tokenizer are read from the run's <workdir>/config.json, which must be the
+config the checkpoint records (and the tokenizer the one it was trained with). DIR must be new,
+empty, or an earlier export (its export.json lists the files it wrote, the only ones replaced).
+The result loads with transformers (`AutoModelForCausalLM.from_pretrained(DIR)`,
+`AutoTokenizer.from_pretrained(DIR)`).
 """
 from __future__ import annotations
 
@@ -37,13 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export: {err}\n\n{values.main_module_help()}", file=sys.stderr)
         return 2
     from matpo_jax.chat import ChatFormatError
+    from matpo_jax.config import ConfigError
     from matpo_jax.model import CheckpointFormatError
     from matpo_jax.run.export import ExportError, export_checkpoint
 
     try:
         result = export_checkpoint(values.checkpoint, values.out, step=values.step,
                                    tokenizer=values.tokenizer, dtype=values.dtype)
-    except (ExportError, CheckpointFormatError, ChatFormatError) as err:
+    except (ExportError, CheckpointFormatError, ChatFormatError, ConfigError) as err:
         print(f"export: {err}", file=sys.stderr)
         return 1
     print(f"exported step {result.step} of {values.checkpoint} to {result.out} "

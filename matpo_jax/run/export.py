@@ -2,20 +2,23 @@
 
     export_checkpoint("<workdir>/checkpoints/rl", "out/")         # newest step
     -> out/config.json, model.safetensors, generation_config.json, tokenizer.json,
-       tokenizer_config.json (+ chat template file when the tokenizer has one)
+       tokenizer_config.json (+ chat template file when the tokenizer has one), export.json
 
 The architecture and the tokenizer come from the run's own record, <workdir>/config.json: the
 Hugging Face checkpoint the run started from (`model.hf_checkpoint`; its tokenizer, or
 `model.tokenizer`), or the tiny `model.arch` and the tokenizer trained on the synthetic world. Only
 the parameters are read from the training checkpoint (`restore_params`), never the optimizer state.
+The checkpoint's recorded identity (run/provenance.py) must match that config.json and tokenizer;
+`out` must be a directory the export owns (run/output_dir.py); export.json records the files
+written and the checkpoint, step and hashes they come from.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
-import tempfile
 from typing import Any
 
 import jax
@@ -27,6 +30,7 @@ from matpo_jax.chat import ChatFormat
 from matpo_jax.data import world_assets
 from matpo_jax.model import DecoderConfig, CausalLM
 from matpo_jax.model.hf_io import load_config, save_params
+from matpo_jax.run import output_dir, provenance
 
 RUN_CONFIG_FILE = "config.json"
 # Tokenizer files a Hugging Face directory may hold (copied as they are: the checkpoint's own
@@ -35,6 +39,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "added_tokens.json", "chat_template.jinja", "chat_template.json", "vocab.json",
                    "merges.txt")
 GENERATION_CONFIG_FILE = "generation_config.json"
+# What an export records about itself: the files it wrote (the only ones a later export into the
+# same directory replaces) and the checkpoint, step and hashes they come from.
+EXPORT_MANIFEST = "export.json"
+log = logging.getLogger(__name__)
 
 
 class ExportError(ValueError):
@@ -76,6 +84,9 @@ class _Fields:
     def __getitem__(self, name):
         return self._values[name]
 
+    def as_dict(self) -> dict:
+        return self._values
+
 
 def find_run_dir(checkpoint_dir: str) -> str:
     """The run's workdir: the nearest directory above `checkpoint_dir` (itself included) holding
@@ -106,7 +117,9 @@ def model_config(run_cfg) -> DecoderConfig:
 
 
 def restore_params(directory: str, abstract_params, step: int | None = None):
-    """(step, parameters) of a training checkpoint, nothing else read from it.
+    """(step, parameters) of a training checkpoint, nothing else read from it: `step`, else the
+    newest that restores (a damaged newer one is skipped with one warning naming it and left
+    where it is: the run is not the export's to change).
 
     Works on both layouts a step directory may have: a `params` item (the parameter tree), or an
     item holding the whole train state with a `params` field (restored partially, by name).
@@ -120,18 +133,45 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
         directory, options=ocp.CheckpointManagerOptions(read_only=True)).all_steps()
     if not steps:
         raise ExportError(f"{directory}: no finished checkpoint step")
-    step = max(steps) if step is None else int(step)
-    if step not in steps:
-        raise ExportError(f"{directory}: no step {step} (steps: {sorted(steps)})")
-    step_dir = os.path.join(directory, str(step))
+    if step is not None:
+        if int(step) not in steps:
+            raise ExportError(f"{directory}: no step {step} (steps: {sorted(steps)})")
+        try:
+            return int(step), _restore_step(os.path.join(directory, str(step)), abstract_params)
+        except ExportError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure to read: one line
+            raise ExportError(f"{directory}/{step} does not restore ({_first_line(error)})") \
+                from None
+    failed = []
+    for candidate in sorted(steps, reverse=True):
+        try:
+            params = _restore_step(os.path.join(directory, str(candidate)), abstract_params)
+        except Exception as error:  # noqa: BLE001 - any failure to read means: not valid
+            failed.append((candidate, _first_line(error)))
+            continue
+        for bad, reason in failed:
+            log.warning("checkpoint %s/%d is unreadable (%s); exporting step %d, the newest "
+                        "that restores", directory, bad, reason, candidate)
+        return candidate, params
+    raise ExportError(f"no checkpoint in {directory} restores (newest, step {failed[0][0]}: "
+                      f"{failed[0][1]})")
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+def _restore_step(step_dir: str, abstract_params):
+    import orbax.checkpoint as ocp
+
     items = sorted(p.name for p in files.run_path(step_dir).iterdir()
                    if p.is_dir() and not p.name.startswith("_"))
     checkpointer = ocp.PyTreeCheckpointer()
     restore_args = ocp.checkpoint_utils.construct_restore_args
     if "params" in items:
-        params = checkpointer.restore(os.path.join(step_dir, "params"), args=ocp.args.PyTreeRestore(
+        return checkpointer.restore(os.path.join(step_dir, "params"), args=ocp.args.PyTreeRestore(
             item=abstract_params, restore_args=restore_args(abstract_params)))
-        return step, params
     for item in items:
         try:
             tree = checkpointer.metadata(os.path.join(step_dir, item)).item_metadata.tree
@@ -141,7 +181,7 @@ def restore_params(directory: str, abstract_params, step: int | None = None):
             target = {"params": abstract_params}
             restored = checkpointer.restore(os.path.join(step_dir, item), args=ocp.args.PyTreeRestore(
                 item=target, restore_args=restore_args(target), partial_restore=True))
-            return step, restored["params"]
+            return restored["params"]
     raise ExportError(f"{step_dir}: no 'params' item and no item with a 'params' field "
                       f"(items: {', '.join(items) or 'none'})")
 
@@ -159,9 +199,14 @@ def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
                       tokenizer: str | None = None, dtype: str | None = None) -> Exported:
     """Writes the parameters of `checkpoint` (newest step, or `step`) as a Hugging Face directory
     `out`, with the run's tokenizer (or `tokenizer`) and a generation config. `dtype`: the dtype of
-    the saved weights (default: the run's model.param_dtype)."""
+    the saved weights (default: the run's model.param_dtype).
+
+    The run config found above the checkpoint and the tokenizer must be the ones the checkpoint
+    records (run/provenance.py); `out` must be new, empty, or an earlier export's
+    (run/output_dir.py), and its export.json records what produced it."""
     workdir = find_run_dir(checkpoint)
     run_cfg = load_run_config(workdir)
+    previous = output_dir.claim(out, EXPORT_MANIFEST, writer="export")  # before any work
     config = model_config(run_cfg)
     data_dir = run_cfg.data.data_dir or files.local_dir_for(workdir, "tfds")
     tokenizer_dir = tokenizer or world_assets.tokenizer_dir(run_cfg, data_dir)
@@ -170,20 +215,33 @@ def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
         raise ExportError(f"tokenizer {tokenizer_dir} uses ids up to {chat.id_count - 1}, beyond "
                           f"the model's vocab_size {config.vocab_size}")
     step, params = restore_params(checkpoint, abstract_params(config), step)
-    # safetensors writes local files: a remote `out` is written here first, then uploaded.
-    local_out = tempfile.mkdtemp(prefix="matpo_export_") if files.is_remote(out) else out
+    step_dir = os.path.join(files.absolute(checkpoint), str(step))
+    identity = provenance.read_identity(files.absolute(checkpoint), step)
+    provenance.check_run_config(identity, run_cfg.as_dict(), checkpoint=step_dir,
+                                config_path=os.path.join(workdir, RUN_CONFIG_FILE))
+    provenance.check_tokenizer(identity, chat.tokenizer, checkpoint=step_dir,
+                               source=f"tokenizer {tokenizer_dir}")
+    stage = output_dir.staging_dir(out)  # safetensors writes local files
     try:
-        save_params(config, params, local_out, dtype)
-        _keep_source_config_fields(run_cfg, local_out)
+        save_params(config, params, stage, dtype)
+        _keep_source_config_fields(run_cfg, stage)
         for name in TOKENIZER_FILES:
             if os.path.isfile(os.path.join(tokenizer_dir, name)):
-                shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(local_out, name))
-        _write_generation_config(run_cfg, chat, local_out)
-        if local_out != out:
-            files.copy_tree(local_out, out)
-    finally:
-        if local_out != out:
-            shutil.rmtree(local_out, ignore_errors=True)
+                shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(stage, name))
+        _write_generation_config(run_cfg, chat, stage)
+        shipped = provenance.tokenizer_sha256(ChatFormat.from_pretrained(stage).tokenizer)
+        if shipped != provenance.tokenizer_sha256(chat.tokenizer):  # what transformers will read
+            raise ExportError(f"the exported tokenizer reads other ids than {tokenizer_dir}")
+        written = sorted(os.listdir(stage))
+        with open(os.path.join(stage, EXPORT_MANIFEST), "w", encoding="utf-8") as f:
+            json.dump({"files": written, "step": step, "tokenizer_dir": tokenizer_dir,
+                       "tokenizer_sha256": shipped, "dtype": dtype or config.param_dtype,
+                       "source": provenance.source_identity(checkpoint, step, identity)},
+                      f, indent=1, sort_keys=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    output_dir.publish(stage, out, previous, EXPORT_MANIFEST)
     return Exported(out=out, step=step, config=config, tokenizer_dir=tokenizer_dir)
 
 

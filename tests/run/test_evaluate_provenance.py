@@ -5,6 +5,7 @@ trained tokenizers, the real evaluator over the fixture benchmark (FRAMES, exact
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from flax import nnx
 
 from matpo_jax.chat import ChatFormat
 from matpo_jax.chat.tokenizer_training import train_tokenizer
-from matpo_jax.config import load_config_file, to_typed
+from matpo_jax.config import ConfigError, load_config_file, to_typed
 from matpo_jax.run import provenance
 from matpo_jax.run.eval import job as eval_job
 from matpo_jax.run.eval.benchmark import evaluate_dataset
@@ -156,3 +157,27 @@ def test_evaluate_on_a_workdir_in_use_is_refused_before_writing(tokenizer_dir, t
     with pytest.raises(WorkdirInUse, match=f"pid {process.pid} "):
         eval_job.run_benchmarks(cfg, options(workdir, None))
     assert sorted(os.listdir(workdir)) == ["run.lock"]
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_one_warning(tokenizer_dir, tmp_path, caplog):
+    """Item 10: a truncated newest step stopped evaluate with a 151-line tensorstore traceback
+    although the step before was intact; now the newest that restores is evaluated, and the
+    run's directory is left as it is (the reader never sets a step aside)."""
+    cfg = config(tokenizer_dir, tmp_path)
+    run = tmp_path / "run"
+    save_run_checkpoints(run, cfg)
+    manager = run / "checkpoints" / "rl"
+    for f in (manager / "5" / "params").rglob("*"):
+        if f.is_file() and f.parent.name == "d":  # the array data files, cut in half
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    mesh = make_mesh(cfg)
+    with caplog.at_level(logging.WARNING):
+        _, _, step = eval_job.restore_source(cfg, mesh, eval_job.locate_checkpoint(str(run)))
+    assert step == 3
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("matpo_jax")]
+    assert len(warnings) == 1 and f"{manager}/5 is unreadable" in warnings[0]
+    assert sorted(os.listdir(manager)) == ["3", "5"]
+    with pytest.raises(ConfigError, match=f"step 5 of {manager} does not restore") as refused:
+        eval_job.restore_model(cfg, mesh, str(manager / "5"))  # asked for by name: one line
+    assert "\n" not in str(refused.value)
