@@ -1,4 +1,5 @@
-"""Qwen3 chat format over any Hugging Face tokenizer, and tool-call markup <-> structured calls.
+"""The ChatML chat format of Qwen3 (and SmolLM2) over any Hugging Face tokenizer whose vocabulary
+has `<|im_start|>`, `<|im_end|>` and `<|endoftext|>`, and tool-call markup <-> structured calls.
 
 Token-in, token-out: a rollout's context is built from token-id pieces (the prompt, the ids the
 policy sampled, then fixed non-trainable blocks such as tool responses) and never re-tokenised.
@@ -74,7 +75,9 @@ class ChatFormat:
         self._fixed_cache: dict[str, tuple[int, ...]] = {}
         self.im_start_id = self._single_token_id(IM_START)
         self.im_end_id = self._single_token_id(IM_END)
-        self.tool_call_end_id = self._single_token_id(TOOL_CALL_CLOSE)
+        # Qwen3 has `</tool_call>` as one token; other families (SmolLM2, Llama) spell the tags
+        # in ordinary tokens, and a turn then ends only at its turn-end token.
+        self.tool_call_end_id = self._single_token_id(TOOL_CALL_CLOSE, required=False)
         self.endoftext_id = self._single_token_id(ENDOFTEXT)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_id = int(eos) if eos is not None else self.im_end_id
@@ -135,9 +138,11 @@ class ChatFormat:
             [int(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
 
-    def _single_token_id(self, token: str) -> int:
+    def _single_token_id(self, token: str, required: bool = True) -> int | None:
         ids = self.tokenizer.encode(token, add_special_tokens=False)
         if len(ids) != 1:
+            if not required:
+                return None
             raise ChatFormatError(f"tokenizer does not encode {token!r} as one token (got {ids})")
         return int(ids[0])
 

@@ -15,6 +15,7 @@ from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED,
                                      Section, group, setting)
 
 DTYPES = ("float32", "bfloat16")
+MODEL_FAMILIES = ("qwen3", "llama", "qwen2")  # model/config.py's FAMILIES; a test keeps them equal
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 # The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
 PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
@@ -34,9 +35,11 @@ DEFAULT_TOOL_CALLS_PER_TURN = 4
 # ------------------------------------------------------------------------------------------ model
 @dataclasses.dataclass(frozen=True)
 class ArchSection(Section):
-    """Qwen3 dimensions of a model trained from scratch (names match model.config.DecoderConfig)."""
+    """Dimensions of a model trained from scratch (names match model.config.DecoderConfig)."""
 
     PATH = "model.arch"
+    family: str = setting("qwen3", "decoder family: q/k norm (qwen3), q/k/v biases (qwen2), "
+                          "neither (llama)", choices=MODEL_FAMILIES)
     vocab_size: int = setting(2048, "tokenizer and embedding size", range=AT_LEAST_ONE)
     hidden_size: int = setting(64, "model width", range=AT_LEAST_ONE)
     intermediate_size: int = setting(192, "MLP hidden units", range=AT_LEAST_ONE)
@@ -65,7 +68,8 @@ class ArchSection(Section):
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection(Section):
-    """Qwen3-shaped decoder. With `hf_checkpoint` set, its config.json wins over `arch`."""
+    """The decoder (Qwen3, Llama or Qwen2 family). With `hf_checkpoint` set, its config.json wins
+    over `arch`."""
 
     PATH = "model"
     hf_checkpoint: str | None = setting(None, "directory with config.json + *.safetensors")

@@ -370,6 +370,7 @@ REACH: dict[str, Reach] = {
     "model.arch.num_attention_heads": Reach(built_model, 8),
     "model.arch.num_key_value_heads": Reach(built_model, 1),
     "model.arch.head_dim": Reach(built_model, 32),
+    "model.arch.family": Reach(built_model, "llama"),
     "mesh.data": Reach(mesh_shape, 2),
     "mesh.fsdp": Reach(mesh_shape, 2, {"mesh.data": -1, "mesh.fsdp": 1}),
     "mesh.tensor": Reach(mesh_shape, 2),

