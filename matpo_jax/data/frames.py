@@ -60,7 +60,7 @@ def parse_row(fields: list[str], columns: Columns, position: int, path, line: in
     return {
         "id": f"frames-{index}",
         "question": question,
-        "answers": [answer],
+        "answers": published.answer_list(answer, path=path, line=line),
         "reasoning_types": reasoning_types(cell("reasoning_types")),
         "wiki_links": published.python_list(cell("wiki_links"), "wiki_links", path, line),
         "wikipedia_links": [fields[i].strip() for i in columns.links

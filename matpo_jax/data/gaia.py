@@ -53,7 +53,8 @@ def parse_row(row: dict, path, line: int) -> dict:
     return {
         "id": published.text(row, "task_id", path, line),
         "question": published.text(row, "Question", path, line),
-        "answers": [published.text(row, "Final answer", path, line)],
+        "answers": published.answer_list(published.text(row, "Final answer", path, line),
+                                         path=path, line=line),
         "level": parse_level(row.get("Level"), path, line),
         "file_name": published.text(row, "file_name", path, line, required=False),
         "annotator_metadata": json.dumps(metadata, ensure_ascii=False),

@@ -100,7 +100,8 @@ def parse_row(row: dict, path, line: int) -> dict:
     return {
         "id": published_id if answerable else published_id + UNANSWERABLE_SUFFIX,
         "question": published.text(row, "question", path, line),
-        "answers": published.answer_list(published.text(row, "answer", path, line), aliases),
+        "answers": published.answer_list(published.text(row, "answer", path, line), aliases,
+                                         path=path, line=line),
         "hops": hops_of(published_id, path, line),
         "answerable": answerable,
         "paragraphs": paragraphs_of(row, path, line),

@@ -21,6 +21,8 @@ from typing import Any, Iterator, Sequence
 from etils import epath
 import tensorflow_datasets as tfds
 
+from matpo_jax.rl.answer_normalization import is_empty_answer
+
 FILE_FORMAT = "array_record"  # random access for grain; written by tfds without TensorFlow
 
 
@@ -163,11 +165,17 @@ def python_list(cell: str, key: str, path, line: int) -> list[str]:
     return [v.strip() for v in value]
 
 
-def answer_list(canonical: str, aliases: Sequence[str] = ()) -> list[str]:
-    """The canonical answer first, then distinct non-empty aliases in their order."""
+def answer_list(canonical: str, aliases: Sequence[str] = (), *, path, line: int) -> list[str]:
+    """The canonical answer first, then the distinct aliases that are not empty once normalised,
+    in their order. A canonical answer empty once normalised ("", "The", ".") is refused, naming
+    file and line: no prediction could match it, and an empty prediction would."""
+    if is_empty_answer(canonical):
+        raise row_error(path, line, f"answer {canonical!r} is empty once normalised (case, "
+                                    "punctuation and articles dropped): no answer could match "
+                                    "it; fix or remove the row")
     out = [canonical]
     for alias in aliases:
-        if alias.strip() and alias not in out:
+        if not is_empty_answer(alias) and alias not in out:
             out.append(alias)
     return out
 

@@ -55,7 +55,8 @@ def parse_row(row: dict, split: str, position: int, path, line: int) -> dict:
     example = {
         "id": f"webwalkerqa-{split}-{position:05d}",
         "question": published.text(row, top["question"], path, line),
-        "answers": [published.text(row, top["answer"], path, line)],
+        "answers": published.answer_list(published.text(row, top["answer"], path, line),
+                                         path=path, line=line),
         "root_url": published.text(row, top["root_url"], path, line, required=False),
     }
     for field, names in INFO_KEYS.items():

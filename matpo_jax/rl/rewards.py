@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
-import string
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout
+from matpo_jax.rl.answer_normalization import is_empty_answer, normalize_answer  # noqa: F401
 from matpo_jax.rl.judge import CORRECT, LLMJudge
 from matpo_jax.chat import answer_text, extract_boxed
 from matpo_jax.config.sections import FORMAT_CREDITS, RewardSection, RolloutSection
@@ -75,16 +74,7 @@ def final_answer(rollout: Rollout) -> str | None:
 
 # ----------------------------------------------------------------------------- string matching
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower case, drop punctuation and articles, collapse whitespace."""
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
+# normalize_answer: the one normalisation (rl/answer_normalization.py), re-exported here.
 
 
 def exact_match(prediction: str, gold: str) -> bool:
@@ -111,8 +101,9 @@ def _aliases(gold: Gold) -> list[str]:
 def accuracy(prediction: str | None, gold: Gold, method: str = "exact", *,
              f1_threshold: float = 0.8, judge: LLMJudge | None = None,
              question: str = "") -> float:
-    """1.0 if the prediction matches any gold alias by `method`, else 0.0 (no answer -> 0.0)."""
-    if prediction is None:
+    """1.0 if the prediction matches any gold alias by `method`, else 0.0 (no answer, or one
+    empty once normalised, -> 0.0: `\\boxed{}` or `\\boxed{the}` never scores)."""
+    if is_empty_answer(prediction):
         return 0.0
     if method == "exact":
         return float(any(exact_match(prediction, g) for g in _aliases(gold)))
@@ -174,7 +165,8 @@ def rollout_rewards(rollouts: Sequence[Rollout], golds: Sequence[Gold],
             raise ValueError("RewardConfig.method='judge' needs an LLMJudge")
         if questions is None:
             raise ValueError("RewardConfig.method='judge' needs the questions")
-        to_grade = [i for i, p in enumerate(predictions) if p is not None]
+        # An empty answer is never right: not sent to the judge (which might call it so).
+        to_grade = [i for i, p in enumerate(predictions) if not is_empty_answer(p)]
         grades = judge.grade_many([
             (questions[owners[i].query_index], " | ".join(_aliases(golds[owners[i].query_index])),
              predictions[i]) for i in to_grade])

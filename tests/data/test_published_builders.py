@@ -248,19 +248,19 @@ BAD_ROWS = {
         "musique_ans_v1.0_dev.jsonl": _musique_row() + "\n"},
         "musique_ans_v1.0_train.jsonl:1: field 'answer_aliases' must be a list of strings"),
     "frames short row": (frames, None, {
-        "test.tsv": _frames_rows(f"0\tQ?\tA\t{_LINKS}\tNumerical reasoning\t[]",
-                                 "1\tQ?\tA\tNumerical reasoning")},
+        "test.tsv": _frames_rows(f"0\tQ?\tOslo\t{_LINKS}\tNumerical reasoning\t[]",
+                                 "1\tQ?\tOslo\tNumerical reasoning")},
         "test.tsv:3: expected 16 tab-separated fields"),
     "frames wiki_links not a literal": (frames, None, {
-        "test.tsv": _frames_rows(f"0\tQ?\tA\t{_LINKS}\tTemporal reasoning\t"
+        "test.tsv": _frames_rows(f"0\tQ?\tOslo\t{_LINKS}\tTemporal reasoning\t"
                                  "__import__('os').getcwd()")},
         "test.tsv:2: column 'wiki_links' is not a Python list literal"),
     "webwalkerqa without a question": (webwalkerqa, None, {
-        "main-00000-of-00001.jsonl": '{"question": "q", "answer": "a"}\n{"answer": "a"}\n'},
+        "main-00000-of-00001.jsonl": '{"question": "q", "answer": "Oslo"}\n{"answer": "Oslo"}\n'},
         "main-00000-of-00001.jsonl:2: missing field 'question'"),
     "gaia level": (gaia, "all", {
         "2023/validation/metadata.jsonl": '{"task_id": "t", "Question": "q", "Level": "two", '
-                                          '"Final answer": "a"}\n'},
+                                          '"Final answer": "Oslo"}\n'},
         "metadata.jsonl:1: Level 'two' is not a number"),
 }
 

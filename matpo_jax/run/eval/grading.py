@@ -1,7 +1,8 @@
 """Grades of one answer: correct / incorrect / not_attempted, or None where the LLM judge failed.
 
 Offline graders (exact match, token F1 over the accepted answers) never fail. A sample without a
-boxed answer is not_attempted without asking the judge. A judge failure (after its retries) is
+boxed answer, or an answer empty once normalised (`\\boxed{}`, `\\boxed{the}`), is not_attempted
+without asking the judge. A judge failure (after its retries) is
 never counted as wrong: it is reported on its own (report.py).
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Sequence
 from matpo_jax.config import ConfigError, RewardSection
 from matpo_jax.rl import judge as judge_lib
 from matpo_jax.rl import rewards as rewards_lib
+from matpo_jax.rl.answer_normalization import is_empty_answer
 from matpo_jax.run.runtime import judge_config
 
 CORRECT, INCORRECT, NOT_ATTEMPTED = "correct", "incorrect", "not_attempted"
@@ -35,8 +37,10 @@ class Grader:
     def grade_many(self, items: Sequence[tuple[str, Sequence[str], str | None]]
                    ) -> list[str | None]:
         """(question, answers, prediction or None) -> grade, or None for a judge failure."""
-        grades: list[str | None] = [NOT_ATTEMPTED if p is None else None for _, _, p in items]
-        answered = [i for i, (_, _, p) in enumerate(items) if p is not None]
+        # No answer, or one empty once normalised (\boxed{}, \boxed{the}): nothing to grade.
+        grades: list[str | None] = [NOT_ATTEMPTED if is_empty_answer(p) else None
+                                    for _, _, p in items]
+        answered = [i for i, (_, _, p) in enumerate(items) if not is_empty_answer(p)]
         if self.method == "judge":
             replies = self.judge.grade_many([(items[i][0], " | ".join(items[i][1]), items[i][2])
                                              for i in answered])
