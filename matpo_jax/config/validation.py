@@ -130,7 +130,8 @@ def _checksum_problems(cfg: ExperimentConfig) -> list[str]:
         return [f"model.hf_checkpoint_sha256: no {weights} to check"]
     actual = file_sha256(weights)
     if actual != expected.lower():
-        return [f"model.hf_checkpoint_sha256 = {expected!r}: {weights} has sha256 {actual!r} "
-                f"(another file than the one named; rebuild it with python -m matpo_jax.pretrain "
-                f"or set the field to the file's hash)"]
+        # Never offer to adopt the file's hash: a broken rebuild would become the pinned model.
+        return [f"model.hf_checkpoint_sha256 = {expected!r}: {weights} has sha256 {actual!r}, "
+                f"not the weights this config was made with (replaced or damaged); restore them "
+                f"(a committed warm start: git checkout -- {directory})"]
     return []

@@ -8,11 +8,14 @@ goes through the same train step (objective "sft": cross-entropy on the fact lin
 SFT, with checkpoints in <workdir>/checkpoints/pretrain, so a killed rebuild resumes. At the end
 reading accuracy is measured on held-out tasks and the model is written to `out_dir` as a Hugging
 Face directory (config.json, model.safetensors, the world's tokenizer and chat template) with
-warm_start.json: the sha256 of the weights, the accuracy, the steps and the command.
+warm_start.json: the sha256 of the weights, the accuracy, the steps, the command and the files
+written. `out_dir` must be a directory pretrain owns (new, empty, or an earlier warm start:
+run/output_dir.py), checked before training.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,8 +37,10 @@ from matpo_jax.data.reading_tasks import ReadingExample, ReadingTaskWriter
 from matpo_jax.data.world_assets import prepare_world, world_config
 from matpo_jax.model import save_pretrained
 from matpo_jax.report import metrics as metrics_lib
-from matpo_jax.run import provenance
+from matpo_jax.report import files
+from matpo_jax.run import output_dir, provenance
 from matpo_jax.run.runtime import build_model, make_mesh, step_config
+from matpo_jax.run.workdir_lock import workdir_lock
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as step_lib
@@ -197,7 +202,18 @@ def machine_description() -> dict:
 
 def run_pretrain(cfg: ExperimentConfig, workdir: str, out_dir: str, *,
                  command: str = "") -> dict:
-    """Trains (or resumes) the reading warm start and writes it to `out_dir`; its summary."""
+    """Trains (or resumes) the reading warm start and writes it to `out_dir`; its summary.
+    `out_dir` must be new, empty or an earlier warm start (run/output_dir.py: checked before any
+    training), and is replaced whole once the new one is written. The workdir is held
+    (run/workdir_lock.py) as train holds it."""
+    previous = output_dir.claim(out_dir, WARM_START_FILE, writer="pretrain")
+    files.makedirs(workdir)
+    with workdir_lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _pretrain(cfg, workdir, out_dir, previous, command)
+
+
+def _pretrain(cfg: ExperimentConfig, workdir: str, out_dir: str, previous: list[str],
+              command: str) -> dict:
     cfg = from_scratch(cfg)
     started = time.time()
     data_dir = cfg.data.data_dir or os.path.join(workdir, "tfds")
@@ -218,16 +234,22 @@ def run_pretrain(cfg: ExperimentConfig, workdir: str, out_dir: str, *,
     accuracy = reading_accuracy(model, assets.chat, reading_writer(cfg, world, EVAL_STREAM),
                                 eval_count(cfg))
     log.info("reading accuracy: %s", json.dumps(accuracy))
-    save_pretrained(model, out_dir)
-    for name in os.listdir(assets.tokenizer_dir):  # tokenizer.json, its config, chat template
-        shutil.copy(os.path.join(assets.tokenizer_dir, name), os.path.join(out_dir, name))
-    weights = os.path.join(out_dir, "model.safetensors")
-    summary = {"sha256": file_sha256(weights), "bytes": os.path.getsize(weights),
-               "parameters": int(sum(x.size for x in jax.tree.leaves(state.params))),
-               "steps": cfg.pretrain.steps, "pretrain": dataclasses.asdict(cfg.pretrain),
-               "world": world_config(cfg).world_kwargs(), "accuracy": accuracy,
-               "wall_s": round(time.time() - started, 1), "command": command,
-               "machine": machine_description()}
-    with open(os.path.join(out_dir, WARM_START_FILE), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1, sort_keys=True)
+    stage = output_dir.staging_dir(out_dir)
+    try:
+        save_pretrained(model, stage)
+        for name in os.listdir(assets.tokenizer_dir):  # tokenizer.json, its config, chat template
+            shutil.copy(os.path.join(assets.tokenizer_dir, name), os.path.join(stage, name))
+        weights = os.path.join(stage, "model.safetensors")
+        summary = {"sha256": file_sha256(weights), "bytes": os.path.getsize(weights),
+                   "parameters": int(sum(x.size for x in jax.tree.leaves(state.params))),
+                   "steps": cfg.pretrain.steps, "pretrain": dataclasses.asdict(cfg.pretrain),
+                   "world": world_config(cfg).world_kwargs(), "accuracy": accuracy,
+                   "wall_s": round(time.time() - started, 1), "command": command,
+                   "machine": machine_description(), "files": sorted(os.listdir(stage))}
+        with open(os.path.join(stage, WARM_START_FILE), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1, sort_keys=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    output_dir.publish(stage, out_dir, previous, WARM_START_FILE)
     return summary

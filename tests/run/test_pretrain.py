@@ -138,9 +138,14 @@ def test_a_shrunk_warm_start_rebuilds_and_a_run_refuses_other_bytes(tmp_path):
     assert summary["sha256"] == file_sha256(out / "model.safetensors")
     assert summary["steps"] == 6 and 0.0 <= summary["accuracy"]["pretrain/first_fact_exact/all"] <= 1
     assert summary["machine"]["platform"] == "cpu" and summary["machine"]["jax"]  # where it was made
-    # Rerun: the finished phase resumes from its last checkpoint: the same bytes.
+    assert sorted(summary["files"]) == sorted(files - {WARM_START_FILE})  # what it wrote
+    # Rerun: the finished phase resumes from its last checkpoint: the same bytes, into a new
+    # directory or over its own earlier warm start (replaced whole: issue 48 item 8).
     _pretrain(tmp_path, tmp_path / "again")
     assert file_sha256(tmp_path / "again" / "model.safetensors") == summary["sha256"]
+    _pretrain(tmp_path, out)
+    assert file_sha256(out / "model.safetensors") == summary["sha256"]
+    assert set(os.listdir(out)) == files
 
     # A run from it: accepted with the right hash, refused (one line, the field) otherwise.
     start = (f"model.hf_checkpoint={out},model.hf_checkpoint_sha256={summary['sha256']},"
