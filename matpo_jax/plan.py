@@ -18,6 +18,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile for TPU, run nothing: before jax loads
 
 import dataclasses  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
@@ -26,10 +27,13 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].",
-                                          lock_config=True)
+from matpo_jax import config as config_lib  # noqa: E402
+
+# --config=FILE[:ARG] and --config.a.b=v overrides as train reads them (config/cli.py): a bad path
+# or field is one line naming it.
+_CONFIG, _ = config_lib.define_flags(with_workdir=False)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Full tracebacks on errors.")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU slice: v5e-8, v5p-128, v5e:2x4, ...")
 _ROWS = flags.DEFINE_integer("rows", None, "Packed rows per train step (default rl.pack_rows).")
 _REMAT = flags.DEFINE_string("remat", None, "Rematerialisation policy (default train.remat, "
@@ -62,23 +66,36 @@ def _train_fit_check(inputs, topology) -> dict:
     return dict(dataclasses.asdict(estimate), passes=refused is None, refused=refused)
 
 
+def _check_libtpu() -> None:
+    """Compiling for a TPU slice needs libtpu (jax's TPU support), also on a machine without one."""
+    if importlib.util.find_spec("libtpu") is None:
+        raise config_lib.ConfigError(
+            f"--topology={_TOPOLOGY.value}: compiling for a TPU slice needs libtpu, which this "
+            "environment lacks (pip install 'jax[tpu]')")
+
+
+@config_lib.one_line_errors
 def main(argv):
     del argv
-    if _CONFIG.value is None or _TOPOLOGY.value is None:
-        raise app.UsageError("--config and --topology are required")
-    from matpo_jax.config import to_typed
+    if _TOPOLOGY.value is None:
+        raise config_lib.ConfigError("--topology is required (e.g. --topology=v5p-128)")
+    cfg = config_lib.config_from_flags(_CONFIG, check_files=False)
     from matpo_jax.planning import report, step_plan
-    from matpo_jax.planning.topology import parse_topology
+    from matpo_jax.planning.topology import TopologyError, parse_topology
     from matpo_jax.run.plan_inputs import plan_inputs
 
     started = time.perf_counter()
-    topology = parse_topology(_TOPOLOGY.value)
-    inputs = plan_inputs(to_typed(_CONFIG.value, check_files=False), rows=_ROWS.value, remat=_REMAT.value,
+    try:
+        topology = parse_topology(_TOPOLOGY.value)
+    except TopologyError as error:
+        raise config_lib.ConfigError(f"--topology: {error}") from None
+    _check_libtpu()
+    inputs = plan_inputs(cfg, rows=_ROWS.value, remat=_REMAT.value,
                          scan_layers=_SCAN.value, micro_batches=_MICRO.value, mfu=_MFU.value)
     plan = step_plan.make_plan(inputs, topology, decode=_DECODE.value, train=_TRAIN.value,
                                search_micro_batches=_SEARCH.value)
     plan["train_fit_check"] = _train_fit_check(inputs, topology)
-    config_path = flags.FLAGS["config"].serialize().split("=", 1)[-1]
+    config_path = flags.FLAGS["config"].value
     kept = [a for a in sys.argv[1:] if not a.startswith(("--out", "--note", "--tag"))]
     overrides = [a.removeprefix("--config.") for a in kept if a.startswith("--config.")]
     plan.update(config=config_path.rsplit("/", 1)[-1] + "".join(f" {o}" for o in overrides),
@@ -98,4 +115,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=config_lib.flags_parser)

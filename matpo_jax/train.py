@@ -48,6 +48,10 @@ _INIT_TIMEOUT = flags.DEFINE_float(
 def main(argv):
     del argv
     # Everything that can be checked without jax first: a bad command line fails in a second.
+    budget = _HBM_PER_CHIP.value
+    if budget is not None and not budget > 0:  # 0 once read as "not given": no check at all
+        raise config_lib.ConfigError(f"--hbm_per_chip_gib={budget:g}: must be > 0 (GiB of memory "
+                                     "per chip); leave it out for the TPU's own")
     _, workdir = _RUN.checked_start()
     from matpo_jax import parallel
     if _MULTIHOST.value or _COORDINATOR.value:
@@ -62,8 +66,7 @@ def main(argv):
     if _CHECK_FIT.value:  # an impossible config stops here, not in an OOM after SFT
         from matpo_jax.planning.fit import summary as fit_summary
         from matpo_jax.run.fit_check import check_config_fits
-        budget = _HBM_PER_CHIP.value
-        fits = check_config_fits(cfg, int(budget * 2**30) if budget else None)
+        fits = check_config_fits(cfg, int(budget * 2**30) if budget is not None else None)
         if fits is not None:
             logging.info("memory check: %s", fit_summary(fits))
     from matpo_jax.run.experiment import run_experiment

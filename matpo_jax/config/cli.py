@@ -74,15 +74,17 @@ _CONFIG_FLAGS: dict[tuple[int, str], ConfigFlag] = {}
 
 
 def define_flags(config_flag: str = "config", flag_values: flags.FlagValues = flags.FLAGS, *,
-                 default_config: str | None = None, default_workdir: str | None = None):
-    """Defines --config (a config file, overridable per field) and --workdir; returns the holders
-    (the config holder's `value` is filled by `parse_flags`)."""
+                 default_config: str | None = None, default_workdir: str | None = None,
+                 with_workdir: bool = True):
+    """Defines --config (a config file, overridable per field) and --workdir (unless
+    `with_workdir` is False: a command that writes no run, e.g. plan); returns the holders (the
+    config holder's `value` is filled by `parse_flags`; the workdir holder None without one)."""
     flags.DEFINE_string(config_flag, default_config,
                         "Experiment config file[:argument], e.g. configs/base.py; fields are "
                         "overridden with --config.a.b=value.", flag_values=flag_values)
     workdir = flags.DEFINE_string("workdir", default_workdir,
                                   "Run directory: checkpoints, metrics, plots.",
-                                  flag_values=flag_values)
+                                  flag_values=flag_values) if with_workdir else None
     holder = ConfigFlag(config_flag, flag_values)
     _CONFIG_FLAGS[(id(flag_values), config_flag)] = holder
     return holder, workdir

@@ -382,7 +382,8 @@ def _query(value: str, name: str) -> str:
 
 def _count(body: dict, name: str, default: int) -> int:
     value = body.get(name, default)
-    if isinstance(value, str) and value.isdigit():  # query-string values arrive as text
+    # query-string values arrive as text; only ASCII digits ("²" is a digit to isdigit, not int)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RESULTS:
         message = f"field {name!r} must be an integer in [1, {MAX_RESULTS}]"

@@ -22,6 +22,7 @@ import pytest
 
 from matpo_jax.trainer import checkpoint as ckpt_lib
 from matpo_jax.report import metrics as metrics_lib
+from matpo_jax.run import provenance
 from matpo_jax.run.eval import paired
 from matpo_jax.config import load_config_file, read_saved_config, to_typed
 from fixtures.xla import xla_flags
@@ -100,6 +101,11 @@ def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
     summary = run_experiment(to_typed(load_config_file(TINY, base)), start)
     assert summary["sft_only"] and not os.path.exists(os.path.join(start, "eval"))
     shared = os.path.join(start, "checkpoints", "sft")
+    # Every checkpoint records the run that wrote it (issue 48 item 2): its config.json and the
+    # hash of its tokenizer, which export and evaluate check what they pair it with against.
+    identity = provenance.read_identity(shared, 4)
+    assert identity["config"] == read_saved_config(start)
+    assert identity["config_sha256"] == provenance.config_sha256(read_saved_config(start))
     overrides = f"{shrink(data_dir, rl_steps=1)},rollout.mode=single,sft.init_checkpoint={shared}"
     run = str(tmp_path / "rl")
     # The SFT start's evaluation (greedy, one sample), the rollouts (sampled, G=2, one prefix
@@ -110,6 +116,9 @@ def test_sft_only_run_is_the_shared_start_of_an_rl_run(tmp_path, data_dir):
     assert slot_loop._cache_size() == 1
     assert summary["mode"] == "single" and summary["final_eval"]["eval/questions"] == 4
     assert not os.path.exists(os.path.join(run, "checkpoints", "sft"))  # no SFT of its own
+    rl_identity = provenance.read_identity(os.path.join(run, "checkpoints", "rl"), 1)
+    assert rl_identity["tokenizer_sha256"] == identity["tokenizer_sha256"]  # the same world
+    assert rl_identity["config"]["rollout"]["mode"] == "single"
     assert not metrics_lib.load_metrics(os.path.join(run, "sft", "metrics.jsonl"))  # no SFT step
 
     # The finished run extended by one step evaluates its new parameters (it once re-logged the

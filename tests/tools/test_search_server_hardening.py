@@ -124,3 +124,18 @@ def test_idle_connections_and_stalled_bodies_are_closed(server):
 def test_every_error_is_json(server, raw, status):
     got, body, _ = _raw(server, raw)
     assert got == status and isinstance(body["error"], str) and body["error"]
+
+
+@pytest.mark.parametrize("num", ["²", "٣", "1²", "", " 3", -1, 0, 1.5, True])
+def test_a_count_that_is_not_an_ascii_integer_is_a_400_not_a_500(server, num):
+    """Issue 48 item 11: "num": "²" (a digit to str.isdigit, not to int) was a 500, which clients
+    retry as a server fault; every count that is not an integer in range is the caller's 400."""
+    body = json.dumps({"q": "Lyon", "num": num}).encode()
+    status, content_type, reply = _post(server, "/search", body, {
+        "Content-Type": "application/json", "Content-Length": str(len(body))})
+    assert status == 400 and content_type.startswith("application/json")
+    assert "field 'num' must be an integer in [1," in reply["error"]
+    body = json.dumps({"q": "Lyon", "num": "3"}).encode()  # ASCII digits as text still count
+    status, _, reply = _post(server, "/search", body, {
+        "Content-Type": "application/json", "Content-Length": str(len(body))})
+    assert status == 200 and reply["searchParameters"]["num"] == 3
