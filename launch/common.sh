@@ -57,6 +57,35 @@ common_flag() {
   esac
 }
 
+# Every flag of the launch scripts, spelled as they read it: a flag after CONFIG WORKDIR goes to
+# train, so one of these there (or one spelled with dashes) is a misplaced or misspelt launch flag.
+LAUNCH_FLAGS=(name accelerator zone project version workers remote_dir log_dir dry_run mode spot
+  no_wait commit repo_url python skip_device_check env_file page_reader skip_checks wait_s skip_logs)
+
+# Refuses (before anything runs) an argument before CONFIG WORKDIR that no script reads.
+unknown_flag() {
+  die "unknown flag '$1' before CONFIG WORKDIR (see --help); train's own flags go after them"
+}
+
+# Refuses a train flag (after CONFIG WORKDIR) that is a launch flag misplaced or misspelt: train
+# would get it on the workers, detached, and the launch step it names would silently not happen.
+check_train_flag() {
+  local name=${1%%=*}
+  [[ $name == --* ]] || return 0  # a value (--config.a.b VALUE)
+  name=${name#--}
+  local spelled=${name//-/_} flag
+  for flag in "${LAUNCH_FLAGS[@]}"; do
+    [[ $spelled != "$flag" ]] ||
+      die "'$1' is a launch flag (--$spelled), but after CONFIG WORKDIR every flag goes to train: put it before CONFIG"
+  done
+  [[ $name != *-* ]] || die "'$1': train's flags are spelled with underscores (--$spelled)"
+}
+
+# The location flags as a follow-up command line needs them (zone, and project when set).
+location_text() {
+  printf '%s' "--zone=$ZONE${PROJECT:+ --project=$PROJECT}"
+}
+
 # Fills in what the flags left open: the gcloud accelerator name, zone, runtime and worker count.
 resolve_settings() {
   local family size
@@ -66,7 +95,7 @@ resolve_settings() {
   esac
   family=${ACCELERATOR_TYPE%-*}
   size=${ACCELERATOR_TYPE##*-}
-  [[ $size =~ ^[0-9]+$ ]] || die "--accelerator=$ACCELERATOR: expected FAMILY-SIZE, e.g. v5e-64 or v5p-128"
+  [[ $size =~ ^[1-9][0-9]*$ ]] || die "--accelerator=$ACCELERATOR: expected FAMILY-SIZE with a size of at least 1, e.g. v5e-64 or v5p-128"
   local default_zone default_version workers
   case $family in
     # v5e and v6e count chips; single-host up to 8 chips, then 4 chips per host.

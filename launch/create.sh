@@ -99,4 +99,4 @@ else
       create_node ;;
   esac
 fi
-echo "next: launch/setup.sh --name=$TPU_NAME --accelerator=$ACCELERATOR --zone=$ZONE" >&2
+echo "next: launch/setup.sh --name=$TPU_NAME --accelerator=$ACCELERATOR $(location_text)" >&2

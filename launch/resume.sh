@@ -11,20 +11,32 @@ source "$(dirname "$0")/common.sh"
 create=()
 setup=()
 run_args=()
+positional=0
+# Every argument is checked here, before create.sh provisions anything: a typo'd flag would
+# otherwise reach only run.sh, after a default slice was created and set up.
 for arg in "$@"; do
   case $arg in
     -h | --help) sed -n '2,7p' "$0"; usage_common; exit 0 ;;
     --mode=* | --spot | --no_wait) create+=("$arg") ;;
     --repo_url=* | --python=* | --skip_device_check) setup+=("$arg") ;;
     --commit=*) setup+=("$arg"); run_args+=("$arg") ;;
+    --env_file=* | --page_reader=* | --skip_checks | --wait_s=*) run_args+=("$arg") ;;
     *)
       if common_flag "$arg"; then
         create+=("$arg"); setup+=("$arg"); run_args+=("$arg")
       else
+        if ((positional < 2)); then
+          [[ $arg != -* ]] || unknown_flag "$arg"
+          positional=$((positional + 1))
+        else
+          check_train_flag "$arg"
+        fi
         run_args+=("$arg")
       fi ;;
   esac
 done
+resolve_settings  # the accelerator, zone and name, checked before anything runs
+((positional == 2)) || die "usage: launch/resume.sh [flags] CONFIG WORKDIR [TRAIN_FLAG ...] (see --help)"
 
 "$LAUNCH_DIR/create.sh" ${create[@]+"${create[@]}"}
 "$LAUNCH_DIR/setup.sh" ${setup[@]+"${setup[@]}"}

@@ -43,7 +43,15 @@ for arg in "$@"; do
       echo "  --skip_checks          start training without checking the services"
       usage_common
       exit 0 ;;
-    *) common_flag "$arg" || ARGS+=("$arg") ;;
+    *)
+      if ! common_flag "$arg"; then
+        if ((${#ARGS[@]} < 2)); then  # before CONFIG WORKDIR: a launch flag, else a typo
+          [[ $arg != -* ]] || unknown_flag "$arg"
+        else
+          check_train_flag "$arg"
+        fi
+        ARGS+=("$arg")
+      fi ;;
   esac
 done
 resolve_settings
@@ -119,7 +127,7 @@ echo \$! > logs/train.pid"
 
 cat >&2 <<EOF
 started on $NUM_WORKERS workers of $TPU_NAME.
-  follow worker 0: gcloud compute tpus tpu-vm ssh $TPU_NAME --zone=$ZONE --worker=0 --command='tail -f $REMOTE_DIR/logs/train.log'
-  collect logs:    launch/logs.sh --name=$TPU_NAME --accelerator=$ACCELERATOR --zone=$ZONE
+  follow worker 0: gcloud compute tpus tpu-vm ssh $TPU_NAME $(location_text) --worker=0 --command='tail -f $REMOTE_DIR/logs/train.log'
+  collect logs:    launch/logs.sh --name=$TPU_NAME --accelerator=$ACCELERATOR $(location_text)
   after a preemption: launch/resume.sh with the same flags and arguments
 EOF

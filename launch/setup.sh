@@ -81,4 +81,4 @@ uv pip install --quiet --python .venv/bin/python -e '.[tpu]'
 if [[ $CHECK_DEVICES == 1 ]]; then
   ssh_all "cd $dir && .venv/bin/python -c 'import jax; jax.distributed.initialize(); print(\"worker\", jax.process_index(), \"of\", jax.process_count(), \"commit\", open(\"COMMIT\").read().strip(), \"devices\", jax.local_device_count(), \"of\", jax.device_count())'"
 fi
-echo "next: launch/run.sh --name=$TPU_NAME --accelerator=$ACCELERATOR --zone=$ZONE --env_file=FILE CONFIG WORKDIR" >&2
+echo "next: launch/run.sh --name=$TPU_NAME --accelerator=$ACCELERATOR $(location_text) --env_file=FILE CONFIG WORKDIR" >&2
