@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="MATPO: train planner and worker roles of one LLM with tool-integrated RL, in JAX.",
     packages=find_packages(include=["matpo_jax", "matpo_jax.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=[
         "jax>=0.10,<0.11",
         "flax>=0.12,<0.13",
