@@ -181,3 +181,29 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_one_warning(tokenizer_dir, 
     with pytest.raises(ConfigError, match=f"step 5 of {manager} does not restore") as refused:
         eval_job.restore_model(cfg, mesh, str(manager / "5"))  # asked for by name: one line
     assert "\n" not in str(refused.value)
+
+
+def test_a_checkpoint_of_one_world_is_never_evaluated_in_another(tmp_path):
+    """Item 2 as probed: a checkpoint of the shrunk synthetic_tiny world evaluated with
+    data.world_seed=1 (the other world's trained tokenizer: other ids for the same sentence)
+    used to exit 0; the run's own world is evaluated."""
+    from matpo_jax.data.loader import SYNTHETIC
+    from matpo_jax.data.world_assets import prepare_world
+
+    from test_end_to_end import TINY, shrink
+
+    data_dir = str(tmp_path / "tfds")
+    cfg = to_typed(load_config_file(TINY, shrink(data_dir, rl_steps=1)))
+    other = to_typed(load_config_file(TINY, shrink(data_dir, rl_steps=1) + ",data.world_seed=1"))
+    chat = prepare_world(cfg, data_dir).chat
+    _, params, _ = nnx.split(build_model(cfg, make_mesh(cfg)), nnx.Param, ...)
+    run = tmp_path / "run"
+    with ckpt_lib.Checkpointer(run / "checkpoints" / "sft", async_save=False) as c:
+        c.save(4, params=params, opt_state={"count": jax.numpy.zeros(())}, force=True,
+               metadata={provenance.IDENTITY_KEY: provenance.checkpoint_identity(cfg, chat)})
+    bench = eval_job.BenchmarkOptions(datasets=[SYNTHETIC], workdir=str(tmp_path / "bench"),
+                                      checkpoint=str(run), num_questions=1, grader="exact")
+    with pytest.raises(provenance.ArtifactMismatch,
+                       match=r"was trained with another tokenizer .*data\.world_seed = 0 vs 1"):
+        eval_job.run_benchmarks(other, bench)
+    assert not (tmp_path / "bench" / SYNTHETIC / RESULTS_FILE).exists()
