@@ -22,6 +22,7 @@ from matpo_jax.data.oracle import Imperfection, Oracle, default_prompts
 from matpo_jax.trainer import loop as loop_lib
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as step_lib
+from matpo_jax.run import provenance
 from matpo_jax.run.runtime import Runtime, loop_config, numpy_rng, optimizer_config, step_config
 from matpo_jax.data.sft_data import (add_context_lm, copy_loss_scale, demonstration_sequences,
                                  demonstrations)
@@ -90,13 +91,20 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     return seqs
 
 
-def restore_shared_start(cfg, state):
-    """The SFT result of another run (`sft.init_checkpoint`), so several RL runs share one start."""
+def restore_shared_start(cfg, state, chat=None):
+    """The SFT result of another run (`sft.init_checkpoint`), so several RL runs share one start:
+    its newest checkpoint that restores (another run's directory: a damaged one is skipped, never
+    moved), trained with `chat`'s tokenizer (run/provenance.py; ArtifactMismatch otherwise)."""
     directory = cfg.sft.init_checkpoint
     with ckpt_lib.Checkpointer(directory) as shared:
-        restored = shared.restore_latest(state.params)
+        restored = shared.restore_latest(state.params, set_aside=False)
     if restored is None:
         raise FileNotFoundError(f"sft.init_checkpoint={directory!r} holds no checkpoint")
+    if chat is not None:
+        provenance.check_tokenizer(restored.metadata.get(provenance.IDENTITY_KEY), chat.tokenizer,
+                                   checkpoint=f"sft.init_checkpoint={directory} (step "
+                                              f"{restored.step})",
+                                   source="this run's tokenizer", config=cfg)
     log.info("SFT start restored from %s (step %d); no SFT steps run here",
              directory, restored.step)
     return state.replace(params=restored.params)
@@ -132,7 +140,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
         graphdef, state, _ = step_lib.init_train_state(model, optax.identity(), rt.mesh,
                                                        seed=cfg.train.seed)
         if cfg.sft.init_checkpoint:
-            return graphdef, restore_shared_start(cfg, state)
+            return graphdef, restore_shared_start(cfg, state, rt.chat)
         if cfg.sft.copy_steps > 0:
             state = state.replace(params=copy_lib.run_copy_pretraining(rt, model))
         log.info("sft.steps = 0: no SFT")
@@ -141,7 +149,7 @@ def run_sft(rt: Runtime, model, writer: metrics_lib.MetricsWriter):
     loop = loop_lib.TrainLoop(loop_config(cfg, "sft", rt.path("checkpoints", "sft"), rt.chat),
                               model, optimizer_config(cfg, "sft"), scfg, rt.mesh)
     if cfg.sft.init_checkpoint:
-        return loop.graphdef, restore_shared_start(cfg, loop.state)
+        return loop.graphdef, restore_shared_start(cfg, loop.state, rt.chat)
     batches = _SFTBatches(rt, model, scfg)
     return loop.graphdef, loop.run(batches, writer=writer, on_start=batches.prepare)
 
