@@ -14,6 +14,7 @@ from matpo_jax.config.errors import ConfigError
 from matpo_jax.report.files import run_path, write_json_atomic
 
 CONFIG_FILE = "config.json"
+RUN_CONFIG_SECTIONS = frozenset({"model", "data", "rl", "train"})  # what every run config holds
 
 
 def load_config_file(path: str | Path, arg: str | None = None) -> ml_collections.ConfigDict:
@@ -87,5 +88,11 @@ def read_saved_config(workdir: str | Path) -> dict | None:
                           f"--workdir") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: not a JSON object; restore it or use a new --workdir")
+    if not RUN_CONFIG_SECTIONS <= set(saved):  # e.g. a model's config.json written over it
+        kind = f" (a model config: model_type {saved['model_type']!r})" \
+            if "model_type" in saved else ""
+        raise ConfigError(f"{path}: not a run's config{kind}, though it is where the run in this "
+                          "workdir records its config: it was replaced; restore it or use a new "
+                          "--workdir")
     return saved
 

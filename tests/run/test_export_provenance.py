@@ -12,6 +12,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 import optax
 from flax import nnx
 
@@ -157,3 +158,23 @@ def test_a_damaged_newest_checkpoint_falls_back_with_one_warning(
     # The damaged step asked for by name: one line, not a traceback.
     assert export(checkpoints, tmp_path / "hf2", "--step=2") == 1
     assert f"{checkpoints}/2 does not restore" in one_line_error(capsys)
+
+
+def test_a_run_config_replaced_by_a_model_config_is_named_as_such(tmp_path,
+                                                                   qwen3_compact_checkpoint):
+    """Item 3's aftermath: a workdir whose config.json an older export replaced could not resume,
+    with 44 "has '<absent>'" lines that never said why; now one line says what happened."""
+    from matpo_jax.config import ConfigError, check_resume, to_typed
+
+    workdir = tmp_path / "run"
+    make_run(workdir, qwen3_compact_checkpoint.path, steps=(1,))
+    shutil.copyfile(os.path.join(qwen3_compact_checkpoint.path, "config.json"),
+                    workdir / "config.json")  # what `export --out=<workdir>` used to do
+    cfg = to_typed(apply_overrides(base_config(), {
+        "model.hf_checkpoint": qwen3_compact_checkpoint.path}), check_files=False)
+    with pytest.raises(ConfigError) as refused:
+        check_resume(cfg, str(workdir))
+    assert str(refused.value) == (
+        f"{workdir}/config.json: not a run's config (a model config: model_type 'qwen3'), though "
+        "it is where the run in this workdir records its config: it was replaced; restore it or "
+        "use a new --workdir")

@@ -33,7 +33,7 @@ class ResultsError(ConfigError):
 
 
 def read_results(path: str) -> list[dict]:
-    """Result lines of an earlier run. The last line, cut by an interruption (no newline, or not
+    """The JSON lines (results, transcripts) of an earlier run. The last line, cut by an interruption (no newline, or not
     JSON), is dropped and cut off; any other unreadable line is an error naming it: the lines
     after it were written later, so it was not cut, and nothing is dropped."""
     if not files.run_path(path).exists():
@@ -46,8 +46,8 @@ def read_results(path: str) -> list[dict]:
             if not raw.endswith(b"\n"):  # written lines end in one: this one was cut
                 raise ValueError("no newline at its end")
             result = json.loads(raw)
-            if not isinstance(result, dict) or "id" not in result or "samples" not in result:
-                raise ValueError("not a result (a JSON object with id and samples)")
+            if not isinstance(result, dict):
+                raise ValueError("not a JSON object")
         except ValueError as error:  # JSONDecodeError included
             reason = " ".join(str(error).split())[:120]
             if number < len(lines):
