@@ -7,7 +7,10 @@
 Datasets are built from `data.manual_dir/<name>/` (the files as published; see data/*.py), or
 named with a builder config: `gaia/all`, `musique/full`. Per-question results and transcripts go to
 <workdir>/<dataset>/, the table to <workdir>/report.md. Re-running the same command resumes: the
-questions with results are skipped, earlier judge failures are graded again.
+questions with results are skipped, earlier judge failures are graded again; results of another
+checkpoint, step or setting are never mixed in (each line records its source; another one is
+refused), and a second evaluation on the workdir is refused while one runs (its lock). A
+checkpoint is read only with the tokenizer it was trained with (run/provenance.py).
 """
 from __future__ import annotations
 

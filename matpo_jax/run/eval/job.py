@@ -11,7 +11,9 @@ temperature `eval.temperature`), the tools (`tools.*`; the local search service 
 data (`data.data_dir`, `data.manual_dir/<name>/`) and the judge (`reward.judge_url`,
 `reward.judge_model`, `reward.judge_api_key_env`). Each dataset goes through the evaluator a run
 uses for a benchmark (benchmark.BenchmarkEvaluator), K samples per question: output in
-<workdir>/<dataset>/ (results.jsonl, transcripts.jsonl), the table in <workdir>/report.md. The
+<workdir>/<dataset>/ (results.jsonl, transcripts.jsonl; each result line records its source:
+checkpoint, step, hashes), the table in <workdir>/report.md; the workdir is held (its lock) and the
+checkpoint's recorded tokenizer must be the one evaluated with (run/provenance.py). The
 synthetic world's wrong answers are also traced to their first failed step (failures.py:
 failures.md beside its transcripts, and the table in report.md).
 """
