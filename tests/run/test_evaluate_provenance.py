@@ -207,3 +207,23 @@ def test_a_checkpoint_of_one_world_is_never_evaluated_in_another(tmp_path):
                        match=r"was trained with another tokenizer .*data\.world_seed = 0 vs 1"):
         eval_job.run_benchmarks(other, bench)
     assert not (tmp_path / "bench" / SYNTHETIC / RESULTS_FILE).exists()
+
+
+def test_a_runs_own_evaluation_of_other_parameters_is_set_aside_not_mixed(tmp_path):
+    """Item 1 inside a run: an extended run's "final" benchmark evaluation (eval/final/<name>/, a
+    directory the run owns) used to resume from the previous final's answers; now they are set
+    aside as *.stale and every question is evaluated anew."""
+    grader = Grader("exact")
+    before = {"run_config_sha256": "c", "tag": "final", "train_steps": 2}
+    after = {**before, "train_steps": 3}
+    evaluate_dataset(QUESTIONS[:4], ScriptedPolicy(), grader, samples=2, out_dir=str(tmp_path),
+                     batch_size=2, source=before, restart_stale=True)
+    old = (tmp_path / RESULTS_FILE).read_bytes()
+    policy = ScriptedPolicy()
+    results = evaluate_dataset(QUESTIONS[:4], policy, grader, samples=2, out_dir=str(tmp_path),
+                               batch_size=2, source=after, restart_stale=True)
+    assert len(policy.calls) == 2  # both batches rolled out again
+    assert (tmp_path / f"{RESULTS_FILE}.stale").read_bytes() == old
+    assert all(r["source"] == after for r in results)
+    on_disk = [json.loads(line) for line in (tmp_path / RESULTS_FILE).read_text().splitlines()]
+    assert [r["source"] for r in on_disk] == [after] * 4

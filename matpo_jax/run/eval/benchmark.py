@@ -31,15 +31,17 @@ class BenchmarkEvaluator:
     """`eval/<label>/...` metrics and the per-group summary of one dataset's questions."""
 
     def __init__(self, label: str, questions: Sequence[BenchmarkQuestion], grader: Grader, *,
-                 out_dir: str, batch_size: int, source: Mapping[str, Any] | None = None):
+                 out_dir: str, batch_size: int, source: Mapping[str, Any] | None = None,
+                 restart_stale: bool = False):
         self.label, self.questions, self.grader = label, questions, grader
         self.out_dir, self.batch_size, self.source = out_dir, batch_size, source
+        self.restart_stale = restart_stale
 
     def run(self, policy: Policy) -> Evaluation:
         results = evaluate_dataset(self.questions, rollout_sampler(policy, self.label),
                                    self.grader, samples=policy.samples, out_dir=self.out_dir,
                                    batch_size=self.batch_size, decode=policy.chat.decode,
-                                   source=self.source)
+                                   source=self.source, restart_stale=self.restart_stale)
         summary = summary_lib.summarize(results)
         log.info("%s: avg@%d %.3f over %d questions", self.label, policy.samples,
                  summary[summary_lib.ALL].avg_at_k, len(results))
@@ -51,21 +53,24 @@ def evaluate_dataset(questions: Sequence[BenchmarkQuestion], rollout_fn: Rollout
                      grader: Grader, *, samples: int, out_dir: str, batch_size: int = 8,
                      decode: Callable[[Sequence[int]], str] | None = None,
                      regrade_failures: bool = True,
-                     source: Mapping[str, Any] | None = None) -> list[dict]:
+                     source: Mapping[str, Any] | None = None,
+                     restart_stale: bool = False) -> list[dict]:
     """Every question's result (earlier runs' included), in `questions` order.
 
     Batches are fixed slices of `questions` (batch b: questions b*batch_size ...), so a rerun
     samples a batch with the same `rollout_fn(..., b)` key; only questions without a result line
     are rolled out. `source`: what produced the answers (job.evaluation_source: checkpoint path
     and step, hashes, temperature), recorded on every result line; a rerun with another source
-    is refused (results.resume), never mixed in.
+    is refused (results.resume), never mixed in; with `restart_stale` (a run's own directory)
+    the other source's results are set aside and the questions evaluated anew.
     """
     if samples < 1 or batch_size < 1:
         raise ValueError(f"samples={samples} and batch_size={batch_size} must be >= 1")
     files.makedirs(out_dir)
     wanted = {q.id for q in questions}
     source = dict(source or {})
-    earlier = results_lib.resume(out_dir, grader, samples, source, regrade=regrade_failures)
+    earlier = results_lib.resume(out_dir, grader, samples, source, regrade=regrade_failures,
+                                 restart_stale=restart_stale)
     done = {r["id"]: r for r in earlier if r["id"] in wanted}
     if done:
         log.info("%s: %d of %d questions already evaluated", out_dir, len(done), len(questions))

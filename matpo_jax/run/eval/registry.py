@@ -4,7 +4,8 @@ evaluation (tag) and run with the run's policy (one protocol, protocol.py).
     synthetic                          world.WorldEvaluator: eval.split, the training reward
     musique, frames, webwalkerqa, gaia benchmark.BenchmarkEvaluator: the benchmark's own split,
         its first eval.num_questions (0: all), one sample at eval.temperature, graded by
-        reward.method, resumable, in <workdir>/eval/<tag>/<dataset>/
+        reward.method, resumable, in <workdir>/eval/<tag>/<dataset>/ (results of other
+        parameters there, e.g. an extended run's earlier "final", are set aside, never mixed in)
 
 Every metric of one evaluation goes to <workdir>/eval/<tag>.json (report.py).
 """
@@ -15,6 +16,7 @@ from typing import Callable, Iterable
 import jax
 
 from matpo_jax.data import loader as loader_lib
+from matpo_jax.run import provenance
 from matpo_jax.run.eval import report
 from matpo_jax.run.eval.benchmark import BenchmarkEvaluator
 from matpo_jax.run.eval.collect import Policy
@@ -47,9 +49,14 @@ def _benchmark(rt: Runtime, name: str, tag: str, curve_questions: int) -> Evalua
     cfg = rt.cfg  # benchmarks are evaluated whole: no curve
     questions = load_questions(cfg, name, None, split=None, num_questions=cfg.eval.num_questions,
                                data_dir=rt.assets.data_dir)
+    # What produced the answers in <workdir>/eval/<tag>/<name>/: this run at this tag, whose
+    # parameters its config fixes up to its total steps (an extended run's "final" is another).
+    source = {"run_config_sha256": provenance.config_sha256(cfg), "tag": tag,
+              "train_steps": cfg.train.steps}
     return BenchmarkEvaluator(name, questions, make_grader(cfg.reward),
                               out_dir=rt.path("eval", tag, name),
-                              batch_size=cfg.rollout.decode_slots)
+                              batch_size=cfg.rollout.decode_slots, source=source,
+                              restart_stale=True)
 
 
 def run_policy(rt: Runtime, graphdef, model_state) -> Policy:

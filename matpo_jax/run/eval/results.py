@@ -130,14 +130,37 @@ def check_source(results_path: str, earlier: list[dict], grader: Grader, samples
                            "or settings are never mixed; evaluate into another directory")
 
 
+def set_aside(out_dir: str, reason: str) -> None:
+    """Moves an evaluation's files to `<name>.stale[-N]` beside them (nothing is deleted)."""
+    for name in (RESULTS_FILE, TRANSCRIPTS_FILE):
+        path = files.run_path(out_dir, name)
+        if not path.exists():
+            continue
+        target, n = files.run_path(out_dir, f"{name}.stale"), 1
+        while target.exists():
+            n += 1
+            target = files.run_path(out_dir, f"{name}.stale-{n}")
+        files.write_bytes_atomic(str(target), path.read_bytes())
+        path.unlink()
+    log.warning("%s: %s; its earlier results set aside as *.stale, evaluating anew", out_dir,
+                reason)
+
+
 def resume(out_dir: str, grader: Grader, samples: int, source: dict | None = None, *,
-           regrade: bool = True) -> list[dict]:
+           regrade: bool = True, restart_stale: bool = False) -> list[dict]:
     """The results already in `out_dir` (judge failures graded again when `regrade`), after
     checking they were produced as this evaluation asks (`check_source`); transcripts without a
-    result line are dropped."""
+    result line are dropped. Results of another source are refused, or, with `restart_stale`
+    (a directory the caller owns: a run's own eval/<tag>/), set aside and evaluated anew."""
     results_path = os.path.join(out_dir, RESULTS_FILE)
     earlier = read_results(results_path)
-    check_source(results_path, earlier, grader, samples, dict(source or {}))
+    try:
+        check_source(results_path, earlier, grader, samples, dict(source or {}))
+    except ResultsError as error:
+        if not restart_stale:
+            raise
+        set_aside(out_dir, str(error))
+        return []
     keep_transcripts_of(os.path.join(out_dir, TRANSCRIPTS_FILE), {r["id"] for r in earlier})
     if regrade and any(s["grade"] is None for r in earlier for s in r["samples"]):
         still = regrade_failures(earlier, grader)
