@@ -305,14 +305,15 @@ def shared_sft_start(cfg):
         def __exit__(self, *exc):
             return False
 
-        def restore_latest(self, params):
-            return types.SimpleNamespace(params="shared params", step=3)
+        def restore_latest(self, params, set_aside=True):
+            return types.SimpleNamespace(params="shared params", step=3, metadata={})
 
     loop = types.SimpleNamespace(graphdef="graphdef",
                                  state=types.SimpleNamespace(params=None,
                                                              replace=lambda params: params),
                                  run=lambda batches, writer, on_start: "trained here")
-    rt = types.SimpleNamespace(cfg=cfg, mesh=None, path=lambda *parts: "/".join(parts))
+    rt = types.SimpleNamespace(cfg=cfg, mesh=None, path=lambda *parts: "/".join(parts),
+                               chat=None)
     with mock.patch.object(sft_phase.loop_lib, "TrainLoop", lambda *a, **kw: loop), \
             mock.patch.object(sft_phase.ckpt_lib, "Checkpointer", Checkpoints):
         _, state = sft_phase.run_sft(rt, "model", writer=None)
