@@ -95,7 +95,13 @@ def source_identity(checkpoint: str | None, step: int | None,
             "tokenizer_sha256": identity.get("tokenizer_sha256")}
 
 
+_WARNED: set[str] = set()  # checkpoints already named in a warning (once per process)
+
+
 def warn_unrecorded(checkpoint: str) -> None:
+    if checkpoint in _WARNED:
+        return
+    _WARNED.add(checkpoint)
     log.warning("%s records no identity (written before checkpoints recorded their run's config "
                 "and tokenizer): the pairing is not checked", checkpoint)
 
