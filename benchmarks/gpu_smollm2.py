@@ -27,8 +27,9 @@ pip, wheels of the Python packages the project imports that the image lacks, int
 
     bash benchmarks/gpu_smollm2.sh prepare
 
-then as the device command (carry [".gpu"]; about 6-9 minutes on an H100; $OUT gets the JSON
-and the run's log):
+then as the device command (carry [".gpu"]; $OUT gets the JSON and the run's log; not yet run on
+a GPU as of this writing, so its time there is unmeasured: --time_limit stops the training run
+at 540 s whatever happens, and the summary reports the steps it finished):
 
     bash benchmarks/gpu_smollm2.sh run --out=$OUT/gpu_smollm2.json
 

@@ -101,7 +101,7 @@ run)
   fi
   export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-  exec python3 benchmarks/gpu_smollm2.py "$@"
+  python3 benchmarks/gpu_smollm2.py "$@" 2>&1 | tee "${OUT:-/tmp}/gpu_smollm2.log"
   ;;
 check)
   PY=${PY:-.venv/bin/python}
