@@ -48,6 +48,9 @@ SMOLLM2_135M_INSTRUCT = KnownGGUF(
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432)
 KNOWN = {known.name: known for known in (SMOLLM2_135M_INSTRUCT,)}
+# Written into every conversion: what it came from (and what marks a directory `convert` may
+# replace).
+_MARKER = "gguf_source.json"
 
 # GGUF tensor name (per layer, after 'blk.N.') -> HF module path (after 'model.layers.N.').
 _LAYER_TENSORS = {
@@ -89,8 +92,9 @@ def sha256_of(path: str, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def check_pinned(path: str, known: KnownGGUF) -> None:
-    """Refuses a file whose bytes are not the pinned release (a truncated or altered download)."""
+def check_pinned(path: str, known: KnownGGUF) -> str:
+    """Refuses a file whose bytes are not the pinned release (a truncated or altered download);
+    returns its sha256."""
     size = os.path.getsize(path)
     if size != known.size:
         raise GGUFImportError(f"{path}: {size:,} bytes, expected {known.size:,} for {known.name}")
@@ -98,6 +102,7 @@ def check_pinned(path: str, known: KnownGGUF) -> None:
     if found != known.sha256:
         raise GGUFImportError(
             f"{path}: sha256 {found} is not the pinned {known.sha256} of {known.name}")
+    return found
 
 
 def _field(reader, key: str, default=None):
@@ -191,8 +196,7 @@ def convert(gguf_path: str, out: str, known: KnownGGUF | None = None) -> Decoder
     from safetensors.numpy import save_file
     from transformers import AutoTokenizer
 
-    if known is not None:
-        check_pinned(gguf_path, known)
+    digest = check_pinned(gguf_path, known) if known is not None else sha256_of(gguf_path)
     if os.path.exists(out) and not os.path.isfile(os.path.join(out, _MARKER)):
         raise GGUFImportError(f"{out}: exists and is not a previous conversion; choose another "
                               f"--out or remove it")
@@ -220,7 +224,7 @@ def convert(gguf_path: str, out: str, known: KnownGGUF | None = None) -> Decoder
         with open(os.path.join(staging, "generation_config.json"), "w") as f:
             json.dump(_special_ids(reader), f, indent=2)
         with open(os.path.join(staging, _MARKER), "w") as f:
-            json.dump({"gguf": os.path.basename(gguf_path), "sha256": sha256_of(gguf_path),
+            json.dump({"gguf": os.path.basename(gguf_path), "sha256": digest,
                        "known": known.name if known else None}, f, indent=2)
         # mkdtemp's 0700 and safetensors' 0600 would keep the checkpoint from other users.
         os.chmod(staging, 0o755)
@@ -234,6 +238,3 @@ def convert(gguf_path: str, out: str, known: KnownGGUF | None = None) -> Decoder
             shutil.rmtree(staging)
     return config
 
-
-# Written last into every conversion: what it came from (and what `convert` may replace).
-_MARKER = "gguf_source.json"
