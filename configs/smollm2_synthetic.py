@@ -43,13 +43,19 @@ def get_config(arg=None):
     c.train.update(remat="full")
     # SFT of the protocol only (a pretrained model already reads; zero-shot it answers at once
     # or calls tools by wrong names): the subagent tool, the report, \boxed{} answers. One
-    # 2,048-token row a step, no copy rehearsal, plain cross-entropy.
-    c.sft.update(steps=30, lr=5e-5, batch_size=1, num_demos=200, copy_every=0, copy_weight=1.0)
+    # 2,048-token row a step, no copy rehearsal, plain cross-entropy. 30 steps of whole
+    # demonstrations taught every step but the second delegation (2 hops 0%: the planner
+    # answered from the first report): a third of the workers' conversations, so a row holds
+    # ~3 planners, and twice the steps.
+    c.sft.update(steps=60, lr=5e-5, batch_size=1, num_demos=300, copy_every=0, copy_weight=1.0,
+                 worker_fraction=0.3)
     c.reward.update(format_credit="when_correct")
-    # 4 questions x G = 4 a step; a small model's GRPO learning rate.
+    # 4 questions x G = 4 a step, ~6 min on 2 cores: 8 steps fit a 90-minute run. At 5e-6 two
+    # steps changed no greedy answer; with this few steps no KL term (it costs a reference
+    # forward a step).
     c.data.update(batch_size=4)
-    c.rl.update(lr=5e-6, warmup_steps=0, pack_rows=8, pack_len=2048, micro_batches=4,
-                kl_coef=0.05)
-    c.train.update(steps=6, eval_every=3, checkpoint_every=3, log_every=1)
+    c.rl.update(lr=2e-5, warmup_steps=0, pack_rows=8, pack_len=2048, micro_batches=4,
+                kl_coef=0.0)
+    c.train.update(steps=8, eval_every=4, checkpoint_every=2, log_every=1)
     c.eval.update(num_questions=200, curve_questions=64)
     return apply_overrides(c, arg)

@@ -401,6 +401,10 @@ class SFTSection(Section):
     # RL runs of different methods/seeds then share one SFT starting point.
     init_checkpoint: str | None = setting(None, "start from another run's SFT checkpoints (its "
                                           "<workdir>/checkpoints/sft) instead of training")
+    # < 1 gives a step's rows more planners (data/sft_data.py thin_workers): a pretrained
+    # model learns the worker's protocol from a few examples, delegating again from many.
+    worker_fraction: float = setting(1.0, "share of the demonstrations' worker conversations "
+                                     "trained on (seeded; planners all kept)", range=UNIT)
     wasted_search: float = setting(0.1, "oracle detours per hop: an off-target search first",
                                    range=UNIT)
     wrong_open: float = setting(0.1, "oracle detours per hop: open a wrong result first",

@@ -152,3 +152,18 @@ def demonstration_sequences(chat: ChatFormat, demos: list[Demonstration],
             out.extend(group)
         next_id += len(group)
     return out
+
+
+def thin_workers(seqs: list[TrainSequence], fraction: float,
+                 rng: np.random.Generator) -> list[TrainSequence]:
+    """Keeps every planner / single-agent sequence and a `fraction` of the worker ones (drawn
+    with `rng`), so a step's rows hold more planners' decisions.
+
+    A pretrained model learns the worker's protocol (search, open, report) from a few dozen
+    demonstrations, but whether to delegate again after a report is one token per planner turn:
+    it needs many planners, and a worker conversation is ~2x a planner's length."""
+    if fraction >= 1.0:
+        return list(seqs)
+    worker = ROLE_IDS[WORKER]
+    keep = rng.random(len(seqs)) < fraction
+    return [s for s, k in zip(seqs, keep) if s.role_id != worker or k]

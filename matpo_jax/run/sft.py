@@ -25,7 +25,7 @@ from matpo_jax.trainer import step as step_lib
 from matpo_jax.run import provenance
 from matpo_jax.run.runtime import Runtime, loop_config, numpy_rng, optimizer_config, step_config
 from matpo_jax.data.sft_data import (add_context_lm, copy_loss_scale, demonstration_sequences,
-                                 demonstrations)
+                                     demonstrations, thin_workers)
 from matpo_jax.data.world_assets import question_from_record
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
     demos = demonstrations(oracle, questions, config_lib.sft_modes(cfg))
     seqs = demonstration_sequences(rt.chat, demos, min(cfg.rl.pack_len,
                                                        cfg.rollout.max_context))
+    seqs = thin_workers(seqs, cfg.sft.worker_fraction, numpy_rng(cfg.train.seed, 17))
     log.info("SFT data: %d demonstrations -> %d sequences", len(demos), len(seqs))
     if not seqs:
         raise RuntimeError("no SFT demonstration fits in rl.pack_len / rollout.max_context")

@@ -249,6 +249,20 @@ def sft_demonstrations(cfg):
     return calls
 
 
+def sft_worker_share(cfg):
+    """The share of worker conversations SFT keeps, and the seed of the draw."""
+    calls = []
+    rt = types.SimpleNamespace(cfg=cfg, toolbox=None, chat=None,
+                               assets=types.SimpleNamespace(source=lambda split: []))
+    with mock.patch.object(sft_phase, "Oracle", lambda *a, **kw: "oracle"), \
+            mock.patch.object(sft_phase, "demonstrations", lambda *a: []), \
+            mock.patch.object(sft_phase, "demonstration_sequences", lambda *a: ["sequence"]), \
+            mock.patch.object(sft_phase, "thin_workers", lambda seqs, fraction, rng: (
+                calls.append((fraction, int(rng.integers(1 << 30)))) or seqs)):
+        sft_phase.build_sft_sequences(rt)
+    return calls
+
+
 def sft_loss_weights(cfg):
     """The loss weights SFT's demonstration batches get (copied spans, context tokens)."""
     calls = []
@@ -437,6 +451,7 @@ REACH: dict[str, Reach] = {
     "sft.single_states_facts": Reach(sft_demonstrations),
     "sft.report_fact_first": Reach(sft_demonstrations),
     "sft.modes": Reach(sft_demonstrations, "matpo+single"),
+    "sft.worker_fraction": Reach(sft_worker_share, 0.5),
     "sft.context_lm_weight": Reach(sft_loss_weights),
     "sft.copy_weight": Reach(sft_loss_weights),
     "sft.batch_size": Reach(sft_batches, None, {"sft.copy_every": 2}),  # demos and rehearsal

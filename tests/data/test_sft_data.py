@@ -112,3 +112,22 @@ def test_context_lm_adds_weighted_loss_on_context_after_the_system_prompt(setup)
                                       plain.loss_weights[row, :n][keep])
     add_context_lm(plain, seqs, bins, 0.0)  # off: nothing changes
     assert plain.loss_mask.sum() < mixed.loss_mask.sum()
+
+
+def test_thin_workers_keeps_every_planner_and_the_asked_share_of_workers(setup):
+    chat, demos = setup
+    from matpo_jax.data.sft_data import thin_workers
+    many = demos * 40  # enough workers for the share to be measured
+    seqs = demonstration_sequences(chat, many, max_len=100_000)
+    is_worker = [s.role_id == ROLE_IDS[WORKER] for s in seqs]
+    assert thin_workers(seqs, 1.0, np.random.default_rng(0)) == seqs
+    kept = thin_workers(seqs, 0.25, np.random.default_rng(0))
+    assert [s for s in kept if s.role_id != ROLE_IDS[WORKER]] == [
+        s for s, w in zip(seqs, is_worker) if not w]
+    share = sum(s.role_id == ROLE_IDS[WORKER] for s in kept) / sum(is_worker)
+    assert 0.18 < share < 0.32
+    # Seeded: the same draw twice, another seed another draw.
+    assert thin_workers(seqs, 0.25, np.random.default_rng(0)) == kept
+    assert thin_workers(seqs, 0.25, np.random.default_rng(1)) != kept
+    assert not any(s.role_id == ROLE_IDS[WORKER] for s in thin_workers(seqs, 0.0,
+                                                                       np.random.default_rng(0)))
