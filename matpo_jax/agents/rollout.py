@@ -52,6 +52,7 @@ from matpo_jax.agents import prompts
 from matpo_jax import tools
 from matpo_jax.config.sections import DEFAULT_TOOL_CALLS_PER_TURN, RolloutSection
 from matpo_jax.agents.engine_options import EngineOptions
+from matpo_jax.agents.progress import EpisodeProgress
 from matpo_jax.agents.rollout_metrics import slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
 from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
@@ -265,6 +266,7 @@ class _Engine:
         self.counters = collections.Counter(worker_calls_over_limit=0, tool_calls_over_limit=0,
                                             errors=0, tool_timeouts=0)
         self._summary_ids = chat.user_turn_ids(prompts.FINAL_SUMMARY_INSTRUCTION, closed=False)
+        self.progress = EpisodeProgress()
 
     # ----------------------------------------------------------------------- starting rollouts
     def start(self, questions: Sequence[str], question_offset: int = 0) -> None:
@@ -557,6 +559,8 @@ class _Engine:
         record = agent.record
         record.finish_reason = reason
         agent.finished = True
+        self.progress.finished(record.role == WORKER, lambda: sum(
+            a.record.role != WORKER for a in self.agents.values()))
         if record.role == WORKER:
             last = record.assistant_texts[-1] if record.assistant_texts else ""
             record.report = prompts.clean_report(
