@@ -69,17 +69,32 @@ QWEN3_TINY = ",".join([
 ])
 
 
+# configs/smollm2_synthetic.py with the real model at the least that runs its phases: no SFT
+# (zero-shot start), one RL step of 2 x 2 rollouts, 2 validation questions, 1,024-token rows.
+SMOLLM2_TINY = ",".join([
+    "data.num_entities=40", "data.num_questions=120", "data.max_hops=2", "data.batch_size=2",
+    "rollout.group_size=2", "rollout.max_new_tokens_per_turn=8", "rollout.max_turns_planner=2",
+    "rollout.max_turns_worker=2", "rollout.decode_slots=8", "rollout.final_summary_max_tokens=8",
+    "rollout.max_context=1024", "rl.pack_len=1024", "rl.pack_rows=2", "rl.micro_batches=1",
+    "sft.steps=0", "sft.num_demos=0", "train.steps=1", "train.eval_every=0",
+    "train.checkpoint_every=1", "train.async_checkpointing=false", "eval.num_questions=2",
+    "eval.curve_questions=2",
+])
+
+
 def test_notebook_runs_top_to_bottom_from_a_checkout(tmp_path, qwen3_compact_checkpoint,
                                                      one_device_kernel):
     workdir, qwen3_workdir, data_dir = tmp_path / "run", tmp_path / "qwen3", tmp_path / "tfds"
     nb = run_notebook(os.path.join(REPO, "notebooks"),  # where `jupyter lab notebooks/` starts it
                       OVERRIDES=TINY + f",data.data_dir={data_dir}", WORKDIR=str(workdir),
+                      SMOLLM2_RUN=False,  # its own test below (the real model's memory apart)
                       QWEN3_CHECKPOINT=qwen3_compact_checkpoint.path, QWEN3_ON_CPU=True,
                       QWEN3_OVERRIDES=QWEN3_TINY + f",data.data_dir={data_dir}",
                       QWEN3_WORKDIR=str(qwen3_workdir))
     text = outputs(nb)
     assert f"matpo_jax from {REPO}" in text
     assert text.count("| validation | after SFT | after MATPO |") == 2  # both runs' tables
+    assert "the SmolLM2 run is skipped" in text
     assert os.path.isfile(workdir / "plots" / "overview.png")
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(workdir / "hf"))
     # The Qwen3 section ran configs/qwen3_0_6b_synthetic.py from the checkpoint (its config
@@ -95,6 +110,35 @@ def test_notebook_runs_top_to_bottom_from_a_checkout(tmp_path, qwen3_compact_che
     assert os.path.getsize(qwen3_workdir / "plots" / "validation_curve.png") > 10_000
     curve_cell = next(c for c in nb.cells if "validation_curve.png" in c.source)
     assert any("image/png" in o.get("data", {}) for o in curve_cell.outputs)  # shown inline
+
+
+def test_the_smollm2_section_trains_the_real_model_on_a_cpu_runtime(tmp_path, smollm2_dir,
+                                                                    one_device_kernel):
+    # Its cells alone (the first run's and the Qwen3 section's left out): the converted real
+    # model (its weights' sha256 checked by the config), one MATPO step, the table and overview.
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    first_run = next(i for i, c in enumerate(nb.cells) if "run_experiment(cfg, WORKDIR)" in c.source)
+    smollm2 = next(i for i, c in enumerate(nb.cells) if "SMOLLM2_RUN:" in c.source)
+    qwen3 = next(i for i, c in enumerate(nb.cells) if "QWEN3_RUN =" in c.source)
+    workdir = tmp_path / "smollm2"
+    nb = run_notebook(os.path.join(REPO, "notebooks"),
+                      skip=[*range(first_run, smollm2 - 1), *range(qwen3 - 1, len(nb.cells))],
+                      SMOLLM2_DIR=smollm2_dir, SMOLLM2_WORKDIR=str(workdir),
+                      SMOLLM2_OVERRIDES=SMOLLM2_TINY + f",data.data_dir={tmp_path / 'tfds'}")
+    text = outputs(nb)
+    assert "configs/smollm2_synthetic.py on 1 cpu device(s): 0 SFT steps, 1 RL steps" in text
+    assert "| validation | after SFT | after MATPO |" in text
+    with open(workdir / "config.json") as f:
+        model = json.load(f)["model"]
+    assert model["hf_checkpoint"] == smollm2_dir and len(model["hf_checkpoint_sha256"]) == 64
+    assert (workdir / "checkpoints" / "rl" / "1").is_dir()
+    with open(workdir / "metrics.jsonl") as f:
+        step = [json.loads(line) for line in f if '"time_update_s"' in line]
+    # The RL update ran on the step's packed rollouts (a zero-shot start earns no reward, so it is
+    # an all-zero-advantage step: the optimizer still steps).
+    assert len(step) == 1 and step[0]["optimizer_steps"] == 1 and step[0]["packed_rows"] >= 1
+    shown = next(c for c in nb.cells if 'smollm2_summary["final_eval"]' in c.source)
+    assert any("image/png" in o.get("data", {}) for o in shown.outputs)
 
 
 def test_without_an_accelerator_the_qwen3_section_is_skipped(tmp_path, one_device_kernel):
