@@ -1,0 +1,119 @@
+"""The table of the real-model MATPO runs (configs/smollm2_synthetic.py, one workdir a seed):
+accuracy after SFT and after MATPO on the same validation questions, the paired gain with its 95%
+interval and McNemar's p, per hop count, each phase's wall time, and the validation curve PNG.
+
+    python benchmarks/smollm2_runs.py --runs=runs/smollm2_s0,runs/smollm2_s1,runs/smollm2_s2 \
+        --out=benchmarks/results/smollm2_synthetic [--machine="Intel Xeon, 2 cores, shared"]
+
+Writes OUT.json, OUT.md and OUT_curve.png. Times come from the runs' own metrics (the SFT loop's
+first and last step, each RL step's logged time, the summary's write), so a resumed run's
+pause is left out only when it lies between two logged steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from matpo_jax.report.compare import compare_runs
+from matpo_jax.report.metrics import read_records
+from matpo_jax.run.eval import paired
+
+
+def _json(path: Path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _accuracy(evaluation: dict) -> dict:
+    return {"all": evaluation["eval/accuracy"],
+            **{f"hops={h}": evaluation[f"eval/accuracy_hop{h}"] for h in (1, 2)
+               if f"eval/accuracy_hop{h}" in evaluation}}
+
+
+def _phase_times(run: Path) -> dict:
+    """Seconds of SFT, RL (rollouts + updates + periodic curves) and the two full evaluations."""
+    sft = [r["time"] for r in read_records(run / "sft" / "metrics.jsonl") if "time" in r]
+    rl = [r for r in read_records(run / "metrics.jsonl") if "time" in r]
+    after_sft = (run / "eval" / "sft.json").stat().st_mtime
+    # A record holding a full evaluation is logged at the step it follows, after its rollouts.
+    rl_steps = [r for r in rl if "time_update_s" in r and "eval/accuracy" not in r]
+    final = (run / "eval" / "final.json").stat().st_mtime
+    out = {"sft_s": sft[-1] - sft[0] if len(sft) > 1 else None,
+           "eval_after_sft_s": after_sft - sft[-1] if sft else None,
+           "rl_s": rl_steps[-1]["time"] - after_sft if rl_steps else None,
+           "final_eval_s": final - rl_steps[-1]["time"] if rl_steps else None,
+           "rl_step_s": [round(b - a, 1) for a, b in zip(
+               [after_sft] + [r["time"] for r in rl_steps[:-1]], [r["time"] for r in rl_steps])],
+           "update_s": [round(r["time_update_s"], 1) for r in rl_steps],
+           "rollout_s": [round(r.get("time_rollout_s", float("nan")), 1) for r in rl_steps]}
+    out["total_s"] = (final - sft[0]) if sft else None
+    return out
+
+
+def summarise(run: Path) -> dict:
+    before, after = run / "eval" / "sft_questions.jsonl", run / "eval" / "final_questions.jsonl"
+    gains = paired.compare(before, after, by="hops")
+    config = _json(run / "config.json")
+    return {"run": str(run), "seed": config["train"]["seed"],
+            "after_sft": _accuracy(_json(run / "eval" / "sft.json")),
+            "after_matpo": _accuracy(_json(run / "eval" / "final.json")),
+            "paired": {k: g.as_dict() for k, g in gains.items()},
+            "paired_table": paired.markdown_table(gains),
+            "planner_calls_after": _json(run / "eval" / "final.json").get(
+                "eval/worker_calls_per_question"),
+            "times": _phase_times(run)}
+
+
+def markdown(rows: list[dict], machine: str, commit: str) -> str:
+    head = ("| seed | after SFT | after MATPO | gain (95% interval) | wrong -> right / right -> "
+            "wrong | McNemar p | 2 hops: SFT -> MATPO | run time | SFT / eval / RL / eval |")
+    lines = [head, "|---|---:|---:|---|---|---:|---|---:|---|"]
+    for r in rows:
+        g, t = r["paired"]["all"], r["times"]
+        two = r["paired"].get("hops=2")
+        phases = " / ".join(f"{(t[k] or 0) / 60:.0f}" for k in
+                            ("sft_s", "eval_after_sft_s", "rl_s", "final_eval_s"))
+        lines.append(
+            f"| {r['seed']} | {100 * g['before']:.1f}% | {100 * g['after']:.1f}% | "
+            f"{100 * g['gain']:+.1f} ({100 * g['ci_low']:+.1f} to {100 * g['ci_high']:+.1f}) | "
+            f"{g['wrong_to_right']} / {g['right_to_wrong']} | {g['mcnemar_p']:.2g} | "
+            + (f"{100 * two['before']:.1f}% -> {100 * two['after']:.1f}%" if two else "-")
+            + f" | {(t['total_s'] or 0) / 60:.0f} min | {phases} min |")
+    return (f"# MATPO from SmolLM2-135M-Instruct (configs/smollm2_synthetic.py)\n\n"
+            f"Machine: {machine}. Commit {commit}, {time.strftime('%Y-%m-%d')}. "
+            f"{rows[0]['paired']['all']['questions']} validation questions, greedy, exact match; "
+            f"the gain is paired over the same questions.\n\n" + "\n".join(lines) + "\n\n"
+            + "\n\n".join(f"Seed {r['seed']} by hop count:\n\n{r['paired_table']}" for r in rows)
+            + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", required=True, help="comma-separated workdirs, one a seed")
+    parser.add_argument("--out", required=True, help="path prefix of the .json/.md/.png files")
+    parser.add_argument("--machine", default="", help="what ran them (CPU, cores, load)")
+    args = parser.parse_args()
+    runs = [Path(p) for p in args.runs.split(",") if p]
+    for run in runs:
+        for need in ("eval/sft_questions.jsonl", "eval/final_questions.jsonl", "metrics.jsonl"):
+            if not (run / need).exists():
+                raise SystemExit(f"{run}: no {need} (the run has not finished)")
+    rows = [summarise(run) for run in runs]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"machine": args.machine, "commit": commit, "runs": rows}, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write(markdown(rows, args.machine, commit))
+    compare_runs({"MATPO (SmolLM2-135M-Instruct)": [str(r / "metrics.jsonl") for r in runs]},
+                 args.out + "_curve.png", title="MATPO from SmolLM2-135M-Instruct, validation")
+    print(open(args.out + ".md").read())
+
+
+if __name__ == "__main__":
+    main()
