@@ -53,17 +53,24 @@ def make_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     return parallel.make_mesh(mesh_shape(cfg.mesh, jax.device_count()))
 
 
+def attention_kernels(model: ModelSection) -> dict[str, str]:
+    """`model.attention` as the decoder's fields (attention_train, _extend, _decode)."""
+    return {f"attention_{path}": kernel
+            for path, kernel in dataclasses.asdict(model.attention).items()}
+
+
 def model_config(model: ModelSection) -> DecoderConfig:
-    """The architecture of a model trained from scratch (`model.arch`, dtypes)."""
+    """The architecture of a model trained from scratch (`model.arch`, dtypes, attention)."""
     return DecoderConfig(**dataclasses.asdict(model.arch), dtype=model.dtype,
-                       param_dtype=model.param_dtype)
+                       param_dtype=model.param_dtype, **attention_kernels(model))
 
 
 def build_model(cfg: ExperimentConfig, mesh) -> CausalLM:
     """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
     if cfg.model.hf_checkpoint:
         return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
-                               param_dtype=cfg.model.param_dtype)
+                               param_dtype=cfg.model.param_dtype,
+                               attention=attention_kernels(cfg.model))
     model = CausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
     return parallel.shard_model(model, mesh)
 

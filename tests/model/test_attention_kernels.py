@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from matpo_jax.model.attention_dispatch import train_attention, padding_rows_as_reference
-from matpo_jax.model.gpu_attention import (
-    cudnn_packed_attention, packed_mask, pallas_gpu_packed_attention)
+from matpo_jax.model.gpu_attention import cudnn_packed_attention, pallas_gpu_packed_attention
 from matpo_jax.model.packed_attention import grouped_attention
 from matpo_jax.model.splash_attention import splash_packed_attention
 
@@ -46,8 +45,13 @@ def qkv():
 def dense_reference(q, k, v, segment_ids, prefix_ids):
     """Softmax over the dense packed mask; padding queries (segment 0) attend nothing, so they
     get the mean of v (a uniform softmax over the row), as in packed_attention."""
-    mask = packed_mask(segment_ids, prefix_ids)[:, 0] & (segment_ids != 0)[:, :, None]
-    return grouped_attention(q, k, v, mask)
+    seg = np.asarray(segment_ids)
+    pre = np.zeros_like(seg) if prefix_ids is None else np.asarray(prefix_ids)
+    same = seg[:, :, None] == seg[:, None, :]
+    into_prompt = (pre[:, :, None] == seg[:, None, :]) & (pre > 0)[:, :, None]
+    causal = np.tril(np.ones((LENGTH, LENGTH), bool))
+    mask = (same | into_prompt) & causal & (seg != 0)[:, :, None]
+    return grouped_attention(q, k, v, jnp.asarray(mask))
 
 
 def _values_and_grads(attention, q, k, v, cotangent):
