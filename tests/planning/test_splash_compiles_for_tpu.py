@@ -40,5 +40,4 @@ def test_splash_forward_and_backward_compile_for_tpu(topology):
     assert "tpu_custom_call" in compiled.as_text()
     temporaries = compiled.memory_analysis().temp_size_in_bytes
     dense_scores = HEADS * LENGTH * LENGTH * 4  # one row's float32 scores: 512 MiB
-    print(f"{topology}: temporaries per chip {temporaries / 2**20:.1f} MiB")
     assert temporaries < dense_scores / 8, temporaries
