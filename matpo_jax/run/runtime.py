@@ -20,6 +20,7 @@ from matpo_jax.config import (ExperimentConfig, MeshSection, ModelSection, Rewar
                               RLSection, RolloutSection, ToolsSection)
 from matpo_jax.data.task_assets import TaskAssets
 from matpo_jax.model import DecoderConfig, CausalLM, load_pretrained
+from matpo_jax.model.config import ATTENTION_KERNELS
 from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
@@ -55,8 +56,7 @@ def make_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
 
 def attention_kernels(model: ModelSection) -> dict[str, str]:
     """`model.attention` as the decoder's fields (attention_train, _extend, _decode)."""
-    return {f"attention_{path}": kernel
-            for path, kernel in dataclasses.asdict(model.attention).items()}
+    return {f"attention_{path}": getattr(model.attention, path) for path in ATTENTION_KERNELS}
 
 
 def model_config(model: ModelSection) -> DecoderConfig:
