@@ -1,22 +1,29 @@
 """The one attention interface of the decoder: per path (packed training rows, multi-token
 extend over the KV cache, one-token decode), the implementation `model.attention.<path>` names.
 
-"auto" picks by the backend the program is traced for (`jax.default_backend()`): on the CPU it
-runs "xla", the plain-jnp code of packed_attention.py / cached_attention.py that every kernel is
+"auto" picks by the platform the program is compiled for: the devices of the mesh the step
+names (kernel_sharding.kernel_mesh; the plan command's TPU devices from a CPU host), else
+`jax.default_backend()`. On the CPU it runs "xla", the plain-jnp code of packed_attention.py / cached_attention.py that every kernel is
 tested against, called exactly as before. A kernel that cannot express a masking rule the call
 needs (segments, causality, the shared prompt `prefix_ids`) or cannot run on the backend falls
 back to "xla" and says why in the log, once per reason; a Pallas kernel asked for off its own
-backend runs in Pallas interpret mode (slow; what the CPU tests use), and says so too.
+backend runs in Pallas interpret mode (slow; what the CPU tests use), and says so too. Under a
+mesh of several devices a kernel runs per shard (kernel_sharding.per_shard: XLA does not
+partition a Pallas call). `record()` collects what each path ran while a program is traced (the
+plan states it).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from matpo_jax.model.cached_attention import blocked_cached_attention, cached_attention
+from matpo_jax.model import kernel_sharding
 from matpo_jax.model.config import ATTENTION_KERNELS
 from matpo_jax.model.packed_attention import packed_attention
 
@@ -29,6 +36,47 @@ KERNEL_BACKEND = {"splash": "tpu", "cudnn": "gpu", "pallas_gpu": "gpu"}
 PALLAS_KERNELS = ("splash", "pallas_gpu")
 
 _logged: set[str] = set()
+
+
+class AttentionUse(NamedTuple):
+    """One attention call as traced: the path, what ran, and the per-shard query shape."""
+    path: str  # "train", "extend", "decode"
+    implementation: str
+    interpret: bool
+    sharded: bool  # run per shard under shard_map
+    query_shape: tuple  # q as the implementation saw it (per shard when sharded)
+
+
+_uses: contextvars.ContextVar[list | None] = contextvars.ContextVar("attention_uses",
+                                                                   default=None)
+
+
+@contextlib.contextmanager
+def record() -> Iterator[list[AttentionUse]]:
+    """The attention calls traced inside this block (a program already traced and cached by jit
+    is not traced again, so records only what is traced anew)."""
+    uses: list[AttentionUse] = []
+    token = _uses.set(uses)
+    try:
+        yield uses
+    finally:
+        _uses.reset(token)
+
+
+def _record(use: AttentionUse) -> None:
+    uses = _uses.get()
+    if uses is not None:
+        uses.append(use)
+
+
+def implementations(uses: list[AttentionUse]) -> dict[str, str]:
+    """{path: implementation(s) it ran} from `record()`'s list, e.g. {"train": "splash"}."""
+    found: dict[str, list[str]] = {}
+    for use in uses:
+        name = use.implementation + (" (interpret)" if use.interpret else "")
+        if name not in found.setdefault(use.path, []):
+            found[use.path].append(name)
+    return {path: ", ".join(names) for path, names in found.items()}
 
 
 class TrainAttentionPlan(NamedTuple):
@@ -80,20 +128,37 @@ def train_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.A
     """Packed training attention (the contract of packed_attention.packed_attention):
     q [B, T, H, D], k, v [B, T, K, D], segment ids (0 = padding) and optional shared-prompt ids
     [B, T] -> [B, T, H * D]."""
-    plan = plan_train_attention(choice, prefix_ids is not None)
+    mesh = kernel_sharding.current_mesh()
+    plan = plan_train_attention(choice, prefix_ids is not None,
+                                kernel_sharding.mesh_platform(mesh))
     _note(plan.note)
     if plan.implementation == "xla":
+        _record(AttentionUse("train", "xla", False, False, tuple(q.shape)))
         return packed_attention(q, k, v, segment_ids, prefix_ids=prefix_ids)
+    sharded = mesh is not None and mesh.size > 1
+
+    def kernel(q, k, v, segment_ids, prefix_ids):
+        _record(AttentionUse("train", plan.implementation, plan.interpret, sharded,
+                             tuple(q.shape)))
+        return _train_kernel(plan, q, k, v, segment_ids, prefix_ids)
+
+    if sharded:
+        out = kernel_sharding.per_shard(kernel, mesh, q, k, v, segment_ids, prefix_ids)
+    else:
+        out = kernel(q, k, v, segment_ids, prefix_ids)
+    return padding_rows_as_reference(out, v, segment_ids)
+
+
+def _train_kernel(plan: TrainAttentionPlan, q, k, v, segment_ids, prefix_ids) -> jax.Array:
     if plan.implementation == "splash":
         from matpo_jax.model.splash_attention import splash_packed_attention
-        out = splash_packed_attention(q, k, v, segment_ids, prefix_ids, interpret=plan.interpret)
-    elif plan.implementation == "cudnn":
+        return splash_packed_attention(q, k, v, segment_ids, prefix_ids,
+                                       interpret=plan.interpret)
+    if plan.implementation == "cudnn":
         from matpo_jax.model.gpu_attention import cudnn_packed_attention
-        out = cudnn_packed_attention(q, k, v, segment_ids, prefix_ids)
-    else:
-        from matpo_jax.model.gpu_attention import pallas_gpu_packed_attention
-        out = pallas_gpu_packed_attention(q, k, v, segment_ids, interpret=plan.interpret)
-    return padding_rows_as_reference(out, v, segment_ids)
+        return cudnn_packed_attention(q, k, v, segment_ids, prefix_ids)
+    from matpo_jax.model.gpu_attention import pallas_gpu_packed_attention
+    return pallas_gpu_packed_attention(q, k, v, segment_ids, interpret=plan.interpret)
 
 
 def padding_rows_as_reference(out: jax.Array, v: jax.Array, segment_ids: jax.Array) -> jax.Array:
@@ -119,6 +184,7 @@ def extend_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Ar
     """A multi-token extend over the heads-major cache (blocked_cached_attention's contract).
     Only "xla" exists so far (see docs/attention_kernels.md for the paged kernels left)."""
     _check("extend", choice)
+    _record(AttentionUse("extend", "xla", False, False, tuple(q.shape)))
     return blocked_cached_attention(q, k, v, positions, lengths)
 
 
@@ -127,4 +193,5 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     """One-token decode over the heads-major cache (cached_attention's contract). Only "xla"
     exists so far (see docs/attention_kernels.md)."""
     _check("decode", choice)
+    _record(AttentionUse("decode", "xla", False, False, tuple(q.shape)))
     return cached_attention(q, k, v, mask)

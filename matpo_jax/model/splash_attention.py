@@ -58,8 +58,11 @@ def _kernel(length: int, group: int, block: int, interpret: bool, save_residuals
     sizes = kernel_lib.BlockSizes(
         block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
         block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    return kernel_lib.make_splash_mqa_single_device(
-        mask=mask, block_sizes=sizes, interpret=interpret, save_residuals=save_residuals)
+    # The kernel object (cached) holds its mask-info arrays: made concrete, never tracers of
+    # whichever program first asked for it (a later program would find them leaked).
+    with jax.ensure_compile_time_eval():
+        return kernel_lib.make_splash_mqa_single_device(
+            mask=mask, block_sizes=sizes, interpret=interpret, save_residuals=save_residuals)
 
 
 def _batched(fn):
