@@ -13,6 +13,15 @@ def _fit(flag) -> str:
     return "yes" if flag else "**no**"
 
 
+def _attention(plan: dict) -> str:
+    """What the train step's packed attention ran; plans made before the plan recorded it were
+    compiled with xla (`auto` then resolved for the CPU host)."""
+    ts = plan.get("train_step")
+    if not ts:
+        return ""
+    return ts.get("attention", {}).get("train", "xla (not recorded)")
+
+
 def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
     mesh = plan["mesh"]
     row = [label, plan["topology"], f"{mesh['data']}, {mesh['fsdp']}, {mesh['tensor']}"]
@@ -36,6 +45,7 @@ def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
     check = plan.get("train_fit_check")
     row.append("" if check is None or label.startswith("...") else
                "passes" if check["passes"] else "**refuses**")
+    row.append("" if label.startswith("...") else _attention(plan))
     return "| " + " | ".join(row) + " |"
 
 
@@ -59,7 +69,8 @@ def memory_table(plans: list[dict]) -> list[str]:
     and what the plan found that fits."""
     lines = ["| config | slice (chips) | mesh d, f, t | parameters | optimizer state | "
              "activations + temp. | KV cache | train step fits | rollouts fit | decode slots "
-             "that fit | step s @ MFU | `train`'s check |", "|" + "---|" * 12]
+             "that fit | step s @ MFU | `train`'s check | attention (train) |",
+             "|" + "---|" * 13]
     for plan in plans:
         ts, ds = plan.get("train_step"), plan.get("decode_step")
         mesh = plan["mesh"]
@@ -87,6 +98,7 @@ def memory_table(plans: list[dict]) -> list[str]:
         check = plan.get("train_fit_check")
         row.append("" if check is None else "passes" if check["passes"] else
                    f"refuses ({check['slots_that_fit']} slots fit)")
+        row.append(_attention(plan))
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -104,12 +116,14 @@ def markdown(plans: list[dict]) -> str:
         "optimizer state (resident during rollouts) against HBM. Step time = model FLOPs / "
         "(chips x peak bf16 FLOP/s x MFU). `train`'s check: what `python -m matpo_jax.train` "
         "decides before any work from parameters + optimizer state + gradients and parameters "
-        "+ optimizer state + KV cache per chip (planning/fit.py, no activations).", "",
+        "+ optimizer state + KV cache per chip (planning/fit.py, no activations). Attention: "
+        "what the train step's packed attention ran (`model.attention.train`, `auto` resolved "
+        "for the topology's platform; docs/attention_kernels.md).", "",
         "| config | topology | mesh (data, fsdp, tensor) | rows x tokens (remat) | parameters | "
         "optimizer state | gradients | activations + other temp. | train peak | fits | "
         "TFLOPs / step | step s @ MFU | slots x context | KV cache | decode peak + opt. | fits "
-        "| slots that fit | HBM | `train`'s check |",
-        "|" + "---|" * 19]
+        "| slots that fit | HBM | `train`'s check | attention (train) |",
+        "|" + "---|" * 20]
     for plan in plans:
         lines.append(_row(plan, plan.get("train_step"), plan.get("decode_step"),
                           plan.get("config", "?")))
