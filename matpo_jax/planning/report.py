@@ -103,6 +103,53 @@ def memory_table(plans: list[dict]) -> list[str]:
     return lines
 
 
+def kernel_comparison(plans: list[dict]) -> list[str]:
+    """Each plan whose packed attention ran a kernel beside the plan of the same config and
+    topology that ran xla: the train step's per-chip memory before and after."""
+    def key(plan):
+        return plan.get("config"), plan["topology"], tuple(plan["mesh"].values())
+
+    before = {key(p): p for p in plans if _attention(p).startswith("xla")}
+    lines = []
+    for after in plans:
+        xla = before.get(key(after))
+        if xla is None or _attention(after).startswith("xla") or not _attention(after):
+            continue
+        if not lines:
+            lines = ["| config | topology | attention (train) | activations + temp. | train peak "
+                     "| fits | XLA cost analysis per chip, train step (loop bodies once): "
+                     "TFLOPs, GB accessed |", "|" + "---|" * 7]
+        cells = []
+        for column in ("activations_and_other_temporaries", "peak"):
+            cells.append(" -> ".join(_gib(p["train_step"]["memory_per_chip"][column])
+                                     for p in (xla, after)))
+        cost = [p["train_step"].get("cost_analysis_per_chip_loop_bodies_once") for p in
+                (xla, after)]
+        lines.append("| " + " | ".join([
+            after.get("config", "?"), after["topology"],
+            f"{_attention(xla)} -> {_attention(after)}", *cells,
+            " -> ".join(_fit(p["train_step"]["fits"]) for p in (xla, after)),
+            " -> ".join(f"{c['flops'] / 1e12:.1f}, {c['bytes_accessed'] / 1e9:.1f}" if c
+                        else "not compiled" for c in cost)]) + " |")
+    return lines
+
+
+def decode_estimates(plans: list[dict]) -> list[str]:
+    """The decode steps' times estimated from XLA's cost analysis, where a plan has them."""
+    lines = []
+    for plan in plans:
+        for name in ("decode_step", "decode_step_fitting_slots"):
+            ds = plan.get(name)
+            if ds and "step_time_s_estimate_cost_analysis" in ds:
+                cost = ds["cost_analysis_per_chip"]
+                lines.append(
+                    f"- {plan.get('config', '?')} on {plan['topology']}, {ds['slots']} slots x "
+                    f"{ds['max_context']}: ~{ds['step_time_s_estimate_cost_analysis'] * 1e3:.1f} "
+                    f"ms per decode step ({cost['flops'] / 1e12:.2f} TFLOPs and "
+                    f"{cost['bytes_accessed'] / 1e9:.1f} GB accessed per chip)")
+    return lines
+
+
 def markdown(plans: list[dict]) -> str:
     lines = [
         "# Memory and FLOPs plans (compiled ahead of time for the TPU topology)", "",
@@ -130,6 +177,19 @@ def markdown(plans: list[dict]) -> str:
         ts, ds = plan.get("train_step_fitting"), plan.get("decode_step_fitting_slots")
         if ts or ds:  # what the plan found that fits, when the configured shapes do not
             lines.append(_row(plan, ts, ds, "... what fits"))
+    comparison = kernel_comparison(plans)
+    if comparison:
+        lines += ["", "Attention kernels, before -> after (per chip, GiB; the same config, "
+                  "topology and batch, the train step compiled with xla and with the kernel "
+                  "`auto` now resolves to on the TPU). The cost-analysis columns are XLA's "
+                  "estimates of the compiled per-chip program, not measurements: a while loop's "
+                  "body (the layer scan) is counted once and a Mosaic kernel declares no cost, "
+                  "so they are no step time:", "", *comparison]
+    estimates = decode_estimates(plans)
+    if estimates:
+        lines += ["", "Decode step times estimated from XLA's cost analysis (no TPU has run "
+                  "them; the slower of FLOPs at peak and bytes at HBM bandwidth):", "",
+                  *estimates]
     lines += ["", "Commands and compile times (wall clock, on a 2-core machine shared with other "
               "work while they ran):", ""]
     for plan in plans:

@@ -290,6 +290,17 @@ def _train_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params,
     return out
 
 
+def _decode_estimate(ds: dict, topology: Topology) -> None:
+    """An estimate of the decode step's time from XLA's cost analysis: its layers are unrolled
+    and it runs no Pallas kernel, so the analysis covers the whole program; the slower of its
+    FLOPs at the chip's peak and its bytes at the HBM bandwidth (no overlap loss, no latency)."""
+    cost = ds.get("cost_analysis_per_chip")
+    if cost and "flops" in cost and "bytes_accessed" in cost:
+        ds["step_time_s_estimate_cost_analysis"] = max(
+            cost["flops"] / topology.chip.peak_bf16_flops,
+            cost["bytes_accessed"] / topology.chip.hbm_bandwidth)
+
+
 def _decode_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params, frozen,
                   attempts: int) -> dict:
     """decode_step; when the configured slots do not fit, the counts tried and the largest that
@@ -304,19 +315,14 @@ def _decode_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params
     # A decode step reads every parameter and the whole cache once: an HBM-bandwidth bound.
     ds["step_time_s_lower_bound"] = (memory["parameters"] + memory["kv_cache"]) / \
         topology.chip.hbm_bandwidth
-    cost = ds.get("cost_analysis_per_chip")
-    if cost and "flops" in cost and "bytes_accessed" in cost:
-        # An estimate: the decode step's layers are unrolled and it runs no Pallas kernel, so
-        # XLA's cost analysis covers the whole program; the slower of compute and HBM traffic.
-        ds["step_time_s_estimate_cost_analysis"] = max(
-            cost["flops"] / topology.chip.peak_bf16_flops,
-            cost["bytes_accessed"] / topology.chip.hbm_bandwidth)
+    _decode_estimate(ds, topology)
     out, shards = {"decode_step": ds}, ds["slot_shards"]
     fitting, tried = (ds["slots_that_fit"] // shards) * shards, set()
     while not ds["fits"] and fitting >= shards and fitting not in tried and len(tried) < attempts:
         tried.add(fitting)
         attempt = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen,
                                                slots=fitting), hbm, resident)
+        _decode_estimate(attempt, topology)
         out.setdefault("decode_slots_tried", []).append(
             {"slots": fitting, "fits": attempt["fits"],
              "peak_with_optimizer_state": attempt["peak_with_optimizer_state"],
@@ -403,7 +409,10 @@ def _decode_lines(ds: dict, title: str) -> list[str]:
         f"{_attention(ds, 'decode')}, compiled in {ds['compile_s']} s",
         f"  per chip GiB: parameters {_gib(m['parameters'])}, KV cache {_gib(m['kv_cache'])}, "
         f"peak {_gib(m['peak'])}, + optimizer state {_gib(ds['peak_with_optimizer_state'])} -> "
-        f"{verdict}; slots that fit: {ds['slots_that_fit']}"]
+        f"{verdict}; slots that fit: {ds['slots_that_fit']}"] + (
+        [f"  ~{ds['step_time_s_estimate_cost_analysis'] * 1e3:.1f} ms per decode step (estimate "
+         "from XLA's cost analysis: FLOPs at peak, bytes at HBM bandwidth)"]
+        if "step_time_s_estimate_cost_analysis" in ds else [])
 
 
 def summary_lines(plan: dict) -> list[str]:
@@ -422,10 +431,7 @@ def summary_lines(plan: dict) -> list[str]:
         lines += _decode_lines(plan["decode_step"], "decode step")
         lines.append(f"  >= {plan['decode_step']['step_time_s_lower_bound'] * 1e3:.1f} ms per "
                      "decode step (HBM bandwidth)")
-        estimate = plan["decode_step"].get("step_time_s_estimate_cost_analysis")
-        if estimate is not None:
-            lines.append(f"  ~{estimate * 1e3:.1f} ms per decode step (estimate from XLA's cost "
-                         "analysis: FLOPs and bytes accessed)")
+
     if "decode_step_fitting_slots" in plan:
         lines += _decode_lines(plan["decode_step_fitting_slots"], "decode step, slots that fit")
     check = plan.get("train_fit_check")

@@ -85,7 +85,11 @@ def test_auto_attention_resolves_for_the_tpu_and_the_plan_says_what_ran(tiny_pla
     assert "attention splash" in "\n".join(step_plan.summary_lines(tiny_plan))
     # The decode step's estimate from XLA's cost analysis (its layers are unrolled).
     decode = tiny_plan["decode_step_fitting_slots"]
-    assert decode["cost_analysis_per_chip"]["bytes_accessed"] > 0
+    cost = decode["cost_analysis_per_chip"]
+    assert cost["bytes_accessed"] > 0 and cost["flops"] > 0
+    assert decode["step_time_s_estimate_cost_analysis"] == pytest.approx(max(
+        cost["flops"] / CHIPS["v5e"].peak_bf16_flops,
+        cost["bytes_accessed"] / CHIPS["v5e"].hbm_bandwidth))
 
 
 def test_decode_slots_that_do_not_fit_are_found_and_the_fitting_count_compiles(tiny_plan):
@@ -125,6 +129,21 @@ def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
     fitting = text.splitlines()[text.splitlines().index(row) + 1]
     assert fitting.startswith("| ... what fits") and "**no**" not in fitting
     assert f"| {plan['decode_step_fitting_slots']['slots']} x {2 ** 23} |" in fitting
+
+
+def test_markdown_sets_a_kernel_plan_beside_the_xla_plan_of_the_same_config(tiny_plan, tmp_path):
+    after = step_plan.as_json_ready(dict(tiny_plan, config="tiny.py"))
+    before = json.loads(json.dumps(after))
+    before["train_step"].pop("attention")  # a plan made before the plan recorded it: xla
+    before["train_step"]["memory_per_chip"]["peak"] += 2 ** 30
+    for name, plan in (("plan_tiny.json", before), ("plan_tiny_splash.json", after)):
+        (tmp_path / name).write_text(json.dumps(plan))
+    text = report.write_markdown(tmp_path).read_text()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| tiny.py | v5e:2x2 | xla (not recorded) -> splash |"))
+    peak = after["train_step"]["memory_per_chip"]["peak"]
+    assert f"| {(peak + 2 ** 30) / 2 ** 30:.2f} -> {peak / 2 ** 30:.2f} |" in row
+    assert "Decode step times estimated from XLA's cost analysis" in text
 
 
 def test_a_mesh_axis_that_splits_a_torus_axis_is_laid_out():
