@@ -103,6 +103,17 @@ def memory_table(plans: list[dict]) -> list[str]:
     return lines
 
 
+def _train_cost(ts: dict) -> str:
+    """XLA's per-chip FLOPs and bytes of a train step (older plans recorded the FLOPs only)."""
+    cost = ts.get("cost_analysis_per_chip_loop_bodies_once")
+    if cost:
+        return f"{cost['flops'] / 1e12:.1f}, {cost['bytes_accessed'] / 1e9:.0f}"
+    flops = ts.get("xla_flops_per_chip_loop_bodies_once")
+    if flops:
+        return f"{flops / 1e12:.1f}, -"
+    return "not compiled" if not ts["memory_per_chip"]["compiled"] else "-"
+
+
 def kernel_comparison(plans: list[dict]) -> list[str]:
     """Each plan whose packed attention ran a kernel beside the plan of the same config and
     topology that ran xla: the train step's per-chip memory before and after."""
@@ -123,14 +134,11 @@ def kernel_comparison(plans: list[dict]) -> list[str]:
         for column in ("activations_and_other_temporaries", "peak"):
             cells.append(" -> ".join(_gib(p["train_step"]["memory_per_chip"][column])
                                      for p in (xla, after)))
-        cost = [p["train_step"].get("cost_analysis_per_chip_loop_bodies_once") for p in
-                (xla, after)]
         lines.append("| " + " | ".join([
             after.get("config", "?"), after["topology"],
             f"{_attention(xla)} -> {_attention(after)}", *cells,
             " -> ".join(_fit(p["train_step"]["fits"]) for p in (xla, after)),
-            " -> ".join(f"{c['flops'] / 1e12:.1f}, {c['bytes_accessed'] / 1e9:.1f}" if c
-                        else "not compiled" for c in cost)]) + " |")
+            " -> ".join(_train_cost(p["train_step"]) for p in (xla, after))]) + " |")
     return lines
 
 
@@ -181,20 +189,26 @@ def markdown(plans: list[dict]) -> str:
     if comparison:
         lines += ["", "Attention kernels, before -> after (per chip, GiB; the same config, "
                   "topology and batch, the train step compiled with xla and with the kernel "
-                  "`auto` now resolves to on the TPU). The cost-analysis columns are XLA's "
+                  "`auto` now resolves to on the TPU; plans without a recorded attention were "
+                  "made before `auto` resolved for the TPU, and `--config.model.attention.train="
+                  "xla` makes them again). The cost-analysis columns are XLA's "
                   "estimates of the compiled per-chip program, not measurements: a while loop's "
                   "body (the layer scan) is counted once and a Mosaic kernel declares no cost, "
                   "so they are no step time:", "", *comparison]
     estimates = decode_estimates(plans)
     if estimates:
         lines += ["", "Decode step times estimated from XLA's cost analysis (no TPU has run "
-                  "them; the slower of FLOPs at peak and bytes at HBM bandwidth):", "",
+                  "them; the slower of FLOPs at peak and bytes at HBM bandwidth). XLA's bytes "
+                  "accessed sum each operation's operands and outputs, so an array that several "
+                  "operations read or update in place (the KV cache) counts more than once: "
+                  "these sit well above the HBM floor of reading the parameters and the cache "
+                  "once (the plan's `>=` figure):", "",
                   *estimates]
     lines += ["", "Commands and compile times (wall clock, on a 2-core machine shared with other "
               "work while they ran):", ""]
     for plan in plans:
-        lines.append(f"- `{plan.get('command', '')}`: {_compile_times(plan)}; "
-                     f"{plan.get('machine', '')}")
+        lines.append(f"- `{plan.get('command', '')}` (attention {_attention(plan) or '-'}): "
+                     f"{_compile_times(plan)}; {plan.get('machine', '')}")
     notes = [f"{p.get('config', '?')} on {p['topology']}: {p['note']}" for p in plans
              if p.get("note")]
     if notes:
