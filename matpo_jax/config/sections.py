@@ -16,6 +16,10 @@ from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED,
 
 DTYPES = ("float32", "bfloat16")
 MODEL_FAMILIES = ("qwen3", "llama", "qwen2")  # model/config.py's FAMILIES; a test keeps them equal
+# model/config.py's ATTENTION_KERNELS (per path); a test keeps them equal.
+ATTENTION_TRAIN = ("auto", "xla", "splash", "cudnn", "pallas_gpu")
+ATTENTION_EXTEND = ("auto", "xla")
+ATTENTION_DECODE = ("auto", "xla")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 # The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
 PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
@@ -67,6 +71,21 @@ class ArchSection(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionSection(Section):
+    """Which attention implementation each path runs (docs/attention_kernels.md). auto: by
+    backend (CPU: xla, the reference; TPU: splash for training; GPU: cudnn for training). A
+    kernel that cannot express a masking rule falls back to xla and logs why."""
+
+    PATH = "model.attention"
+    train: str = setting("auto", "packed training rows (segments, causal, shared prompts)",
+                         choices=ATTENTION_TRAIN)
+    extend: str = setting("auto", "multi-token extend / prefill over the KV cache",
+                          choices=ATTENTION_EXTEND)
+    decode: str = setting("auto", "one-token decode steps over the KV cache",
+                          choices=ATTENTION_DECODE)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection(Section):
     """The decoder (Qwen3, Llama or Qwen2 family). With `hf_checkpoint` set, its config.json wins
     over `arch`."""
@@ -82,6 +101,7 @@ class ModelSection(Section):
     dtype: str = setting("float32", "activations", choices=DTYPES)
     param_dtype: str = setting("float32", "parameters and optimizer state", choices=DTYPES)
     arch: ArchSection = group(ArchSection, "dimensions of a model built from scratch")
+    attention: AttentionSection = group(AttentionSection, "attention implementation per path")
 
 
 # ------------------------------------------------------------------------------------------- mesh

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from matpo_jax.model import attention_dispatch
 from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
     blocked_cached_attention, cached_attention)
 from matpo_jax.model import projection
@@ -141,6 +142,10 @@ class Attention(nnx.Module):
             self.q_norm = _norm(head_dim, config)
             self.k_norm = _norm(head_dim, config)
         self.qk_norm = config.qk_norm
+        # model.attention.<path>: which implementation each path runs (attention_dispatch).
+        self.attention_train = config.attention_train
+        self.attention_extend = config.attention_extend
+        self.attention_decode = config.attention_decode
 
     def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
         """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
@@ -173,12 +178,13 @@ class Attention(nnx.Module):
                 v.transpose(0, 2, 1, 3).astype(v_cache.dtype), mode="drop")
             layer_cache = (k, v)
             if isinstance(mask, tuple):  # (positions, lengths): a multi-token extend
-                out = blocked_cached_attention(q, k, v, *mask)
+                out = attention_dispatch.extend_attention(q, k, v, *mask, self.attention_extend)
             else:
-                out = cached_attention(q, k, v, mask)
+                out = attention_dispatch.decode_attention(q, k, v, mask, self.attention_decode)
         else:  # packed rows: segment ids, or (segment ids, shared-prefix ids)
             segment_ids, prefix_ids = mask if isinstance(mask, tuple) else (mask, None)
-            out = packed_attention(q, k, v, segment_ids, prefix_ids=prefix_ids)
+            out = attention_dispatch.train_attention(q, k, v, segment_ids, prefix_ids,
+                                                     self.attention_train)
         return self.o_proj(out), layer_cache
 
 

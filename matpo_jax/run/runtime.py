@@ -20,6 +20,7 @@ from matpo_jax.config import (ExperimentConfig, MeshSection, ModelSection, Rewar
                               RLSection, RolloutSection, ToolsSection)
 from matpo_jax.data.task_assets import TaskAssets
 from matpo_jax.model import DecoderConfig, CausalLM, load_pretrained
+from matpo_jax.model.config import ATTENTION_KERNELS
 from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
@@ -53,17 +54,23 @@ def make_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     return parallel.make_mesh(mesh_shape(cfg.mesh, jax.device_count()))
 
 
+def attention_kernels(model: ModelSection) -> dict[str, str]:
+    """`model.attention` as the decoder's fields (attention_train, _extend, _decode)."""
+    return {f"attention_{path}": getattr(model.attention, path) for path in ATTENTION_KERNELS}
+
+
 def model_config(model: ModelSection) -> DecoderConfig:
-    """The architecture of a model trained from scratch (`model.arch`, dtypes)."""
+    """The architecture of a model trained from scratch (`model.arch`, dtypes, attention)."""
     return DecoderConfig(**dataclasses.asdict(model.arch), dtype=model.dtype,
-                       param_dtype=model.param_dtype)
+                       param_dtype=model.param_dtype, **attention_kernels(model))
 
 
 def build_model(cfg: ExperimentConfig, mesh) -> CausalLM:
     """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
     if cfg.model.hf_checkpoint:
         return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
-                               param_dtype=cfg.model.param_dtype)
+                               param_dtype=cfg.model.param_dtype,
+                               attention=attention_kernels(cfg.model))
     model = CausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
     return parallel.shard_model(model, mesh)
 

@@ -29,6 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from matpo_jax import parallel
+from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.model.remat import REMAT_POLICIES
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
@@ -215,6 +216,17 @@ def _split_rows(batch: PackedBatch, mini: int, micro: int, mesh: Mesh) -> Packed
     return jax.tree.map(split, batch)
 
 
+def _on_mesh(fn: Callable, mesh: Mesh) -> Callable:
+    """fn traced with `mesh` named as the program's mesh: attention kernels run per shard of it
+    (XLA does not partition a Pallas call) and `auto` resolves for its devices' platform."""
+    @functools.wraps(fn)
+    def traced(*args):
+        with kernel_mesh(mesh):
+            return fn(*args)
+
+    return traced
+
+
 def _tree_where(pred, on_true, on_false):
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
@@ -284,7 +296,7 @@ def make_gradient_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: T
         return loss, grads, loss_lib.finalize_metrics(sums)
 
     batch_sharding = parallel.batch_sharding(mesh)
-    jitted = jax.jit(grads_of, in_shardings=(shardings, batch_sharding))
+    jitted = jax.jit(_on_mesh(grads_of, mesh), in_shardings=(shardings, batch_sharding))
     return lambda state, batch: jitted(state, jax.device_put(batch, batch_sharding))
 
 
@@ -321,7 +333,8 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
         return jnp.moveaxis(per_micro, 0, 1).reshape(batch.tokens.shape)
 
     batch_sharding = parallel.batch_sharding(mesh)
-    jitted = jax.jit(logprobs, in_shardings=(shardings.params, shardings.frozen, batch_sharding))
+    jitted = jax.jit(_on_mesh(logprobs, mesh),
+                     in_shardings=(shardings.params, shardings.frozen, batch_sharding))
 
     def run(params, frozen, batch: PackedBatch):
         batch = dataclasses.replace(batch, ref_logprobs=None, recomputed_logprobs=None)
@@ -401,7 +414,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
         return new_state, metrics
 
     batch_sharding = parallel.batch_sharding(mesh)
-    jitted = jax.jit(step, in_shardings=(shardings, batch_sharding),
+    jitted = jax.jit(_on_mesh(step, mesh), in_shardings=(shardings, batch_sharding),
                      out_shardings=(shardings, None), donate_argnums=0)
     multiple = config.row_multiple(mesh)
 

@@ -38,7 +38,8 @@ def built_model(cfg):
     """What build_model hands the model constructor / the HF loader (no weights are built)."""
     calls = []
     with mock.patch.object(runtime, "load_pretrained",
-                           lambda path, **kw: calls.append(("hf", path, kw["dtype"], kw["param_dtype"]))), \
+                           lambda path, **kw: calls.append(("hf", path, kw["dtype"], kw["param_dtype"],
+                                                                kw["attention"]))), \
             mock.patch.object(runtime, "CausalLM",
                               lambda config, rngs: calls.append(("fresh", config, rngs))), \
             mock.patch.object(runtime.nnx, "Rngs", lambda seed: ("rngs", seed)), \
@@ -378,6 +379,10 @@ REACH: dict[str, Reach] = {
         "listing_fraction", "eval_examples")},
     "model.dtype": Reach(built_model),
     "model.param_dtype": Reach(built_model),
+    # A fresh model's DecoderConfig and the HF loader both receive model.attention.
+    "model.attention.train": Reach(built_model),
+    "model.attention.extend": Reach(built_model),
+    "model.attention.decode": Reach(built_model, None, {"model.hf_checkpoint": "/ckpt/qwen3"}),
     **{f"model.arch.{name}": Reach(built_model) for name in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rope_theta",
         "rms_norm_eps", "tie_word_embeddings",

@@ -97,6 +97,17 @@ def test_the_config_offers_the_optimizers_the_trainer_builds():
         step_lib.make_optimizer(step_lib.OptimizerConfig(optimizer=name))
 
 
+def test_the_config_offers_the_attention_kernels_the_decoder_runs():
+    from matpo_jax.config import sections
+    from matpo_jax.model.config import ATTENTION_KERNELS
+    assert (sections.ATTENTION_TRAIN, sections.ATTENTION_EXTEND, sections.ATTENTION_DECODE) == (
+        ATTENTION_KERNELS["train"], ATTENTION_KERNELS["extend"], ATTENTION_KERNELS["decode"])
+    section = sections.AttentionSection(train="splash", extend="xla", decode="auto")
+    config = runtime.model_config(sections.ModelSection(attention=section))
+    assert (config.attention_train, config.attention_extend, config.attention_decode) == (
+        "splash", "xla", "auto")
+
+
 def test_the_config_offers_the_model_families_the_decoder_builds():
     from matpo_jax.config import sections
     from matpo_jax.model.config import FAMILIES
