@@ -103,3 +103,45 @@ def test_adapters_are_refused_over_another_base(straight, data_dir):
                                      "train.seed=7"))  # another random base
     with pytest.raises(provenance.ArtifactMismatch, match="LoRA adapters of another base"):
         provenance.check_base(identity, provenance.base_identity(other), checkpoint="rl")
+
+
+def test_export_writes_the_base_and_two_peft_adapters_that_peft_loads(straight, tmp_path,
+                                                                      data_dir):
+    import jax.numpy as jnp
+    import peft
+    import torch
+    import transformers
+
+    from matpo_jax.parallel import make_mesh
+    from matpo_jax.run.eval.job import CheckpointSource, restore_source
+    from matpo_jax.run.export import export_checkpoint
+    from flax import nnx
+
+    workdir, _ = straight
+    checkpoint = os.path.join(workdir, "checkpoints", "rl")
+    out = str(tmp_path / "export")
+    exported = export_checkpoint(checkpoint, out)
+    assert exported.step == 2
+    for role in ("planner", "worker"):
+        assert os.path.isfile(os.path.join(out, "adapters", role, "adapter_model.safetensors"))
+    # Ours: the run's model restored the way evaluation restores it (build_model + adapters).
+    cfg = to_typed(load_config_file(TINY, overrides(data_dir, 2)))  # the run's own config
+    graphdef, state, _ = restore_source(cfg, make_mesh(devices=jax.devices()[:1]),
+                                        CheckpointSource(checkpoint, None))
+    model = nnx.merge(graphdef, state)
+    batch = np.random.RandomState(0).randint(0, 200, (1, 12))
+    base = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        base_logits = base(torch.tensor(batch)).logits.numpy()
+    torch_model = peft.PeftModel.from_pretrained(base, os.path.join(out, "adapters", "planner"),
+                                                 adapter_name="planner")
+    torch_model.load_adapter(os.path.join(out, "adapters", "worker"), adapter_name="worker")
+    x = jnp.asarray(batch)
+    for role, name in enumerate(("planner", "worker")):
+        torch_model.set_adapter(name)
+        with torch.no_grad():
+            theirs = torch_model(torch.tensor(batch)).logits.numpy()
+        np.testing.assert_allclose(np.asarray(model(x, roles=jnp.full_like(x, role))), theirs,
+                                   atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(model(x, roles=jnp.full_like(x, -1))), base_logits,
+                               atol=1e-4, rtol=1e-4)
