@@ -84,7 +84,7 @@ def add_adapters(model, lora: LoRAConfig, seed: int = 0):
     """Gives every targeted projection of `model` (a CausalLM) `lora.num_adapters` adapters, in
     place: A ~ N(0, 1/in) (each adapter its own draw), B = 0. Returns the model."""
     config = model.config
-    keys = iter(jax.random.split(jax.random.key(seed), 4 * len(TARGETS) * len(model.layers)))
+    keys = iter(jax.random.split(jax.random.key(seed), len(TARGETS) * len(model.layers)))
     param_dtype = jnp.dtype(config.param_dtype)
     for layer in model.layers:
         for owner in (layer.self_attn, layer.mlp):
@@ -122,9 +122,9 @@ def split_trainable(model):
 
 
 def role_selector(model, roles, shape, dtype):
-    """The adapter selector [*shape, num_adapters] in `dtype` (one-hot times alpha / r) for role ids `roles`
-    (broadcastable to `shape`; None: role 0 everywhere), or None for a model without adapters.
-    A role id of ADAPTERS_OFF gives an all-zero row (the base)."""
+    """The adapter selector [*shape, num_adapters] in `dtype` (one-hot times alpha / r) for role
+    ids `roles` (broadcastable to `shape`; None: role 0 everywhere), or None for a model without
+    adapters. A role id of ADAPTERS_OFF gives an all-zero row (the base)."""
     lora = lora_of(model)
     if lora is None:
         return None
