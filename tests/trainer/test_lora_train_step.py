@@ -10,28 +10,16 @@ from flax import nnx
 
 from matpo_jax import parallel
 from matpo_jax.model import CausalLM
-from matpo_jax.model import lora as lora_lib
 from matpo_jax.rl import advantages, rewards
 from matpo_jax.rl.batch import sequences_from_rollouts
 from matpo_jax.trainer import packing
 from matpo_jax.trainer import step as ts
 from fixtures.losses import default_loss
-from fixtures.rl_batches import tiny_model_config
+from fixtures.rl_batches import tiny_lora_model as lora_model, tiny_model_config
 
 LOSS = default_loss()
 MAX_LEN, ROWS = 48, 16
 SPLITS = ((8, 1), (8, 2), (8, 4))  # (devices, micro-batches) compared with (1, 1)
-
-
-def lora_model(roles):
-    """The trainer tests' tiny model with adapters whose B is random (fresh B = 0 would give A no
-    gradient)."""
-    model = CausalLM(tiny_model_config(), rngs=nnx.Rngs(0))
-    lora_lib.add_adapters(model, lora_lib.LoRAConfig(rank=4, alpha=8.0, roles=roles), seed=3)
-    graphdef, adapters, base = lora_lib.split_trainable(model)
-    keys = iter(jax.random.split(jax.random.key(7), len(jax.tree.leaves(adapters))))
-    adapters = jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape), adapters)
-    return nnx.merge(graphdef, adapters, base)
 
 
 @pytest.fixture(scope="module")
