@@ -9,6 +9,7 @@ from flax import nnx
 
 from matpo_jax.model import CausalLM
 from matpo_jax.model import lora as lora_lib
+from matpo_jax.sampler.host_protocol import SlotInjection
 from matpo_jax.sampler.loop import Sampling, run_slots
 
 PROMPTS = [[4, 4, 1, 9], [60, 2, 33, 12, 5], [11, 3, 17]]
@@ -82,3 +83,57 @@ def test_recorded_logprobs_are_the_roles_adapter_and_not_the_others(per_role_mod
             else:
                 wrong_gap = max(wrong_gap, float(np.abs(recorded - full).max()))
     assert wrong_gap > 1e-2  # the other role's adapter would have recorded other log-probs
+
+
+def _log_softmax_rows(model, tokens, role):
+    seq = jnp.asarray([tokens])
+    logits = np.asarray(model(seq, roles=jnp.full_like(seq, role))[0], np.float64)
+    logits = logits - logits.max(-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+class _PrefixHost:
+    """Starts slot i from prefix i (the first two tokens of PROMPTS[i], computed once when the
+    loop starts, with role ROLES[i]'s adapter) plus the rest of its prompt; one turn each."""
+
+    def __init__(self):
+        self.turns = [None] * len(PROMPTS)
+
+    def __call__(self, events):
+        slots = len(PROMPTS)
+        injection = SlotInjection.nothing(slots, 8)
+        first = all(t is None for t in self.turns) and not np.asarray(events.stopped).any()
+        for slot in range(slots):
+            if first:
+                rest = PROMPTS[slot][2:]
+                injection.tokens[slot, :len(rest)] = rest
+                injection.num[slot] = len(rest)
+                injection.reset[slot], injection.prefix[slot] = True, slot
+                injection.stream[slot], injection.profile[slot] = 20 + slot, ROLES[slot]
+            elif events.stopped[slot] and self.turns[slot] is None:
+                self.turns[slot] = events.turn(slot)
+            injection.active[slot] = self.turns[slot] is None
+        injection.done = not injection.active.any()
+        return injection
+
+
+def test_prefixes_are_computed_with_the_adapter_of_their_role(per_role_model, shapes):
+    graphdef, state = per_role_model
+    model = nnx.merge(graphdef, state)
+    sampling = Sampling(temperature=1.0, max_turn_tokens=shapes.max_turn)
+    host = _PrefixHost()
+    run_slots(state, graphdef, host, slots=len(PROMPTS), max_len=shapes.max_len,
+              sampling=sampling, more_profiles=[(sampling, ())], profile_roles=PROFILE_ROLES,
+              prefixes=[p[:2] for p in PROMPTS], prefix_roles=ROLES, rng=jax.random.key(5))
+    for i, role in enumerate(ROLES):
+        tokens, logprobs = host.turns[i]
+        assert len(tokens) > 0
+        full = list(PROMPTS[i]) + [int(t) for t in tokens]
+        start = len(PROMPTS[i])
+        positions = np.arange(start, len(full))
+        for as_role, close in ((role, True), (1 - role, False)):
+            reference = _log_softmax_rows(model, full, as_role)[positions - 1, np.asarray(tokens)]
+            if close:
+                np.testing.assert_allclose(np.asarray(logprobs), reference, atol=1e-4)
+            else:
+                assert np.abs(np.asarray(logprobs) - reference).max() > 1e-2
