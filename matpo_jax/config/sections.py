@@ -29,6 +29,9 @@ OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
 FORMAT_CREDITS = ("always", "when_correct", "off")  # rl/rewards.py reads these
 RATIOS = ("token", "setwise")  # trainer/loss.py's; a test keeps them equal
 ROLLOUT_CORRECTIONS = ("off", "measure", "tis")  # trainer/loss.py's; a test keeps them equal
+# model/lora.py's TARGETS and ROLE_MODES (this module imports no jax; a test keeps them equal).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_ROLES = ("shared", "per_role")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -86,6 +89,27 @@ class AttentionSection(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class LoRASection(Section):
+    """Low-rank adapters over a frozen base (model/lora.py, docs/lora.md); rank 0: off, every
+    parameter trained (full fine-tuning, the default)."""
+
+    PATH = "model.lora"
+    rank: int = setting(0, "adapter rank r (0: no adapters, full fine-tuning)", range=NON_NEGATIVE)
+    alpha: float = setting(16.0, "adapter scale numerator: the update is (alpha / r) x A B",
+                           range=POSITIVE)
+    targets: tuple[str, ...] = setting(LORA_TARGETS, "projections that get adapters",
+                                       choices=LORA_TARGETS)
+    roles: str = setting("shared", "one adapter for every role, or one per role (planner, "
+                         "worker) in the same batches", choices=LORA_ROLES)
+
+    def consistency_problems(self) -> list[str]:
+        if self.rank and not self.targets:
+            return ["model.lora.targets: empty with model.lora.rank > 0 (name at least one "
+                    "projection)"]
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection(Section):
     """The decoder (Qwen3, Llama or Qwen2 family). With `hf_checkpoint` set, its config.json wins
     over `arch`."""
@@ -102,6 +126,7 @@ class ModelSection(Section):
     param_dtype: str = setting("float32", "parameters and optimizer state", choices=DTYPES)
     arch: ArchSection = group(ArchSection, "dimensions of a model built from scratch")
     attention: AttentionSection = group(AttentionSection, "attention implementation per path")
+    lora: LoRASection = group(LoRASection, "low-rank adapters over the frozen model (rank 0: off)")
 
 
 # ------------------------------------------------------------------------------------------- mesh

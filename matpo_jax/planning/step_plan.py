@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from matpo_jax import parallel
 from matpo_jax.model import DecoderConfig, CausalLM, attention_dispatch
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.model.decoder import init_cache
 from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.planning import accounting
@@ -42,6 +43,7 @@ class PlanInputs:
     max_context: int  # KV cache length per slot
     max_turn: int = 0  # tokens one turn may generate (the sampler's per-slot turn buffers)
     mfu: float = 0.4  # model FLOPs utilisation assumed for the step-time estimate
+    lora: lora_lib.LoRAConfig | None = None  # adapters over a frozen base (model.lora.*)
 
 
 def _with_shardings(shapes, shardings):
@@ -49,10 +51,13 @@ def _with_shardings(shapes, shardings):
                         shapes, shardings)
 
 
-def abstract_model(config: DecoderConfig):
-    """(graphdef, params, frozen) of the model as shapes only."""
-    model = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
-    return nnx.split(model, nnx.Param, ...)
+def abstract_model(config: DecoderConfig, lora: lora_lib.LoRAConfig | None = None):
+    """(graphdef, params, frozen) of the model as shapes only; with `lora`, params are the
+    adapters and frozen the base (the train state's split)."""
+    def build():
+        model = CausalLM(config, rngs=nnx.Rngs(0))
+        return model if lora is None else lora_lib.add_adapters(model, lora)
+    return lora_lib.split_trainable(nnx.eval_shape(build))
 
 
 def abstract_train_state(params, frozen, tx: optax.GradientTransformation, mesh):
@@ -166,11 +171,12 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
     compiled, error = _compile(lowered)
     compile_s, compile_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
 
-    param_bytes = accounting.per_chip_bytes(state.params)
-    parts = dict(parameters=param_bytes, optimizer_state=accounting.per_chip_bytes(state.opt_state),
+    param_bytes = accounting.per_chip_bytes(state.params)  # the trained ones (LoRA: adapters)
+    parts = dict(parameters=param_bytes + accounting.per_chip_bytes(state.frozen),
+                 optimizer_state=accounting.per_chip_bytes(state.opt_state),
                  batch=accounting.per_chip_bytes(batch),
-                 # The gradient accumulator: a param-dtype copy of the parameters, counted in
-                 # the temporaries.
+                 # The gradient accumulator: a param-dtype copy of the trained parameters,
+                 # counted in the temporaries.
                  gradients=param_bytes)
     if compiled is not None:
         memory = dict(_memory(compiled), compiled=True)
@@ -207,8 +213,7 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     """Compiles one sampler decode step (`CausalLM.decode` over every slot, the cache
     sharded as the sampler shards it) and accounts the KV cache per chip."""
     param_sh = parallel.param_shardings(params, mesh)
-    replicated = NamedSharding(mesh, P())
-    frozen_sh = jax.tree.map(lambda _: replicated, frozen)
+    frozen_sh = parallel.param_shardings(frozen, mesh)  # empty, or a LoRA run's base
     slots, max_len = slots or inputs.decode_slots, inputs.max_context
     cache = jax.eval_shape(lambda: init_cache(inputs.model, slots, max_len))
     cache_sh = parallel.cache_shardings(cache, mesh)
@@ -234,7 +239,7 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     else:
         memory = _out_of_memory(error, accounting.per_chip_bytes(args))
     kv = accounting.per_chip_bytes(args[3])
-    memory.update(parameters=accounting.per_chip_bytes(args[0]), kv_cache=kv)
+    memory.update(parameters=accounting.per_chip_bytes(args[:2]), kv_cache=kv)
     slot_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
     slot_shards = slot_shards if slots % slot_shards == 0 else 1
     return {"slots": slots, "max_context": max_len,
@@ -351,14 +356,18 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
     fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
-    graphdef, params, frozen = abstract_model(inputs.model)
+    graphdef, params, frozen = abstract_model(inputs.model, inputs.lora)
     chip = topology.chip
     plan = {
         "topology": topology.name, "libtpu_topology": topology.libtpu_name,
         "chips": topology.chips, "hosts": len({d.process_index for d in devices}),
         "hbm_per_chip": chip.hbm_bytes, "peak_bf16_flops_per_chip": chip.peak_bf16_flops,
         "mesh": dict(mesh.shape),
-        "model": {"parameters": int(sum(math.prod(x.shape) for x in jax.tree.leaves(params))),
+        "model": {"parameters": int(sum(math.prod(x.shape)
+                                        for x in jax.tree.leaves((params, frozen)))),
+                  "trained_parameters": int(sum(math.prod(x.shape)
+                                                for x in jax.tree.leaves(params))),
+                  "lora": None if inputs.lora is None else dataclasses.asdict(inputs.lora),
                   "dtype": inputs.model.dtype, "param_dtype": inputs.model.param_dtype,
                   "layers": inputs.model.num_hidden_layers,
                   "vocab_size": inputs.model.vocab_size},

@@ -48,6 +48,11 @@ def built_model(cfg):
     return calls
 
 
+def lora_adapters(cfg):
+    """The adapters build_model gives the model (runtime.lora_config's translation)."""
+    return runtime.lora_config(cfg.model)
+
+
 def mesh_shape(cfg):
     return runtime.mesh_shape(cfg.mesh, 8)
 
@@ -391,6 +396,10 @@ REACH: dict[str, Reach] = {
     "model.arch.num_key_value_heads": Reach(built_model, 1),
     "model.arch.head_dim": Reach(built_model, 32),
     "model.arch.family": Reach(built_model, "llama"),
+    "model.lora.rank": Reach(lora_adapters),
+    **{f"model.lora.{name}": Reach(lora_adapters, None, {"model.lora.rank": 4})
+       for name in ("alpha", "roles")},
+    "model.lora.targets": Reach(lora_adapters, ("q_proj", "v_proj"), {"model.lora.rank": 4}),
     "mesh.data": Reach(mesh_shape, 2),
     "mesh.fsdp": Reach(mesh_shape, 2, {"mesh.data": -1, "mesh.fsdp": 1}),
     "mesh.tensor": Reach(mesh_shape, 2),

@@ -166,3 +166,26 @@ def test_a_one_chip_slice_is_laid_out():
     devices = topology.devices()
     assert len(devices) == 1 and devices[0].device_kind == "TPU v5 lite"
     assert len(parse_topology("v5e-8").devices()) == 8  # whole hosts: laid out as before
+
+
+def test_a_lora_train_step_compiles_with_the_base_frozen():
+    """Per-role LoRA: the train step compiles; the base is resident but only the adapters have
+    optimizer moments and a gradient accumulator."""
+    pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
+    from matpo_jax.model import lora as lora_lib
+    lora = lora_lib.LoRAConfig(rank=4, alpha=8.0, roles="per_role")
+    inputs = step_plan.PlanInputs(
+        model=CONFIG, mesh_shape=dict(data=1, fsdp=4, tensor=1), rows=4, row_length=128,
+        step=ts.TrainStepConfig(remat="full", scan_layers=True, loss=LOSS),
+        optimizer=ts.OptimizerConfig(), decode_slots=8, max_context=256, lora=lora)
+    plan = step_plan.make_plan(inputs, parse_topology("v5e:2x2"), decode=False)
+    memory = plan["train_step"]["memory_per_chip"]
+    _, adapters, base = step_plan.abstract_model(CONFIG, lora)
+    adapter_bytes = sum(4 * math.prod(p.shape) for p in jax.tree.leaves(adapters))  # replicated
+    base_bytes = sum(4 * math.prod(p.shape) // (4 if p.ndim >= 2 else 1)
+                     for p in jax.tree.leaves(base))
+    assert memory["compiled"] and plan["train_step"]["fits"]
+    assert memory["parameters"] == base_bytes + adapter_bytes
+    assert memory["gradients"] == adapter_bytes
+    assert 2 * adapter_bytes <= memory["optimizer_state"] <= 2 * adapter_bytes + 64
+    assert plan["model"]["trained_parameters"] * 4 == adapter_bytes
