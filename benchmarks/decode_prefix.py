@@ -4,7 +4,7 @@ The model's decode step (`CausalLM.decode`, what the slot sampler calls per toke
 timed with the current attention (one fused elementwise pass over every slot of the cache,
 `cached_attention._decode_attention`) and with a candidate defined below: the same pass over the
 smallest of a few prefix sizes that holds every row's slots, chosen by a `lax.switch` with static
-shapes. The candidate is swapped in by patching `decoder.cached_attention` before tracing, so both
+shapes. The candidate is swapped in by patching `attention_dispatch.cached_attention` before tracing, so both
 use the same model, weights and cache (donated, as in the sampler's loop). Rows are filled to a
 given length. Repeats of the two are interleaved; medians.
 
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from matpo_jax.model import CausalLM, DecoderConfig, decoder, init_cache
+from matpo_jax.model import CausalLM, DecoderConfig, attention_dispatch, init_cache
 from matpo_jax.model.cached_attention import _decode_attention, cached_attention
 
 RESULTS = Path(__file__).parent / "results"
@@ -84,14 +84,14 @@ def time_case(model, batch, max_len, fill, repeats, steps):
     fns = {}
     for name, use_prefix in (("prefix", True), ("whole", False)):
         graphdef, state = nnx.split(model)
-        original = decoder.cached_attention
-        decoder.cached_attention = prefix_cached_attention if use_prefix else original
+        original = attention_dispatch.cached_attention
+        attention_dispatch.cached_attention = prefix_cached_attention if use_prefix else original
         try:  # traced and compiled while the patch holds
             # The cache is donated, as in the sampler's loop (updated in place, not copied).
             compiled = jax.jit(lambda state, *a: nnx.merge(graphdef, state).decode(*a),
                                donate_argnums=2).lower(state, *args).compile()
         finally:
-            decoder.cached_attention = original
+            attention_dispatch.cached_attention = original
         fns[name] = (compiled, state)
     tokens, cache, active = args
     fill_lengths = np.asarray(cache.lengths)  # host copy: the device array is donated

@@ -51,11 +51,18 @@ _PARALLEL = flags.DEFINE_integer("parallel", 2, "Runs at once (each is its own p
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """One method of the grid: its synthetic_repro arguments, its RL options, and whose SFT start
-    it shares (None: its own SFT, on demonstrations in its own prompt format)."""
+    it shares (None: its own SFT, on demonstrations in its own prompt format); `runs`: config
+    overrides of its SFT and its RL runs alike (LoRA: adapters trained in both)."""
 
     arg: str
     rl: tuple[str, ...] = ()
     sft_of: str | None = None
+    runs: tuple[str, ...] = ()
+
+
+# Rank-16 adapters on all seven projections over the warm start (docs/lora.md), with MATPO's SFT
+# and RL budgets and learning rates unchanged.
+LORA = ("model.lora.rank=16", "model.lora.alpha=32")
 
 
 VARIANTS = {
@@ -68,6 +75,9 @@ VARIANTS = {
     # the credit rule differs, so they start RL from MATPO's SFT checkpoint.
     "agent_norm": Variant("mode=matpo", rl=("rl.group_by=agent",), sft_of="matpo"),
     "setwise": Variant("mode=matpo", rl=("rl.ratio=setwise",), sft_of="matpo"),
+    # Full fine-tuning vs LoRA (issue 50): one shared adapter, or one per role.
+    "matpo_lora": Variant("mode=matpo", runs=LORA),
+    "matpo_lora_per_role": Variant("mode=matpo", runs=LORA + ("model.lora.roles=per_role",)),
 }
 COMPARED = ("single", "matpo")  # run at every noise level and seed; the rest only at ablations_at
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +88,10 @@ SHARED_EVAL_FILES = ("sft.json", "sft_samples.txt", "sft_questions.jsonl")
 SUCCESSORS = tuple(name for name, variant in VARIANTS.items() if variant.rl)
 # The prompt-format ablations (their own SFT, MATPO's RL): compared with MATPO in their own table.
 ABLATIONS = tuple(name for name, variant in VARIANTS.items()
-                  if name not in COMPARED and not variant.sft_of and not variant.rl)
+                  if name not in COMPARED and not variant.sft_of and not variant.rl
+                  and not variant.runs)
+# The LoRA variants (their own SFT of adapters, then RL of them): compared with MATPO.
+LORA_VARIANTS = tuple(name for name, variant in VARIANTS.items() if variant.runs)
 
 
 def variants_at(noise: str, variants, ablations_at) -> list[str]:
@@ -159,7 +172,8 @@ def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
                 world_maker.setdefault(noise, sft_name(variant, noise))
             jobs.append(Job(sft_name(variant, noise),
                             _train_command(workdir, f"{VARIANTS[variant].arg},noise={noise},seed=0",
-                                           overrides + ["train.steps=0"]),
+                                           overrides + list(VARIANTS[variant].runs)
+                                           + ["train.steps=0"]),
                             log_path=workdir + ".log", after=after,
                             done=lambda w=workdir: _finished(w),
                             busy=lambda w=workdir: workdir_lock.is_held(w)))
@@ -183,7 +197,7 @@ def plan(out: str, noises, seeds, variants, ablations_at, ablation_seeds,
                     name,
                     _train_command(workdir, f"{VARIANTS[variant].arg},noise={noise},seed={seed}",
                                    overrides + [f"sft.init_checkpoint={start}"]
-                                   + list(VARIANTS[variant].rl)),
+                                   + list(VARIANTS[variant].runs) + list(VARIANTS[variant].rl)),
                     log_path=workdir + ".log", after=after, before_start=share,
                     done=lambda w=workdir: _finished(w),
                     busy=lambda w=workdir: workdir_lock.is_held(w))))
@@ -420,6 +434,16 @@ def main(argv):
               "budget and question stream. matpo_no_recap: `rollout.user_query_recap=false`, "
               "matpo_no_summary: `rollout.final_summary=false`. Gain: mean after RL minus the "
               "SFT start.")
+    lora_sections = comparison_sections(
+        out, results, ("matpo",), LORA_VARIANTS, "lora",
+        title="MATPO, full fine-tuning vs LoRA",
+        heading="Full fine-tuning vs LoRA adapters", start=True,
+        intro="Each from SFT of its own trainable state on MATPO's demonstrations (the same SFT "
+              "budget), then MATPO's RL budget and learning rates. matpo_lora: one rank-16 "
+              "adapter on all seven projections (`model.lora.rank=16`, alpha 32), "
+              "matpo_lora_per_role: one for the planner and one for the workers "
+              "(`model.lora.roles=per_role`); docs/lora.md. Gain: mean after RL minus the SFT "
+              "start.")
     hops = sorted({k for n in results.values() for runs in n.values() for r in runs
                    for k in r["final_eval"] if k.startswith("eval/accuracy_hop")})
     gap_by_noise = gaps(results, _NOISE.value)
@@ -431,7 +455,8 @@ def main(argv):
         "Test accuracy (%) after RL, mean ± sd over seeds; SFT start = before RL.", "",
         table(results, _NOISE.value, hops), "", "Bars:", *bars(gap_by_noise, _NOISE.value), "",
         *([f"Not finished: {', '.join(f'{k} ({v})' for k, v in sorted(failed.items()))}", ""]
-          if failed else []), *successor_sections, *ablation_sections])
+          if failed else []), *successor_sections, *ablation_sections,
+          *lora_sections])
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, "results.json"), "w") as f:

@@ -55,7 +55,8 @@ from matpo_jax.agents.engine_options import EngineOptions
 from matpo_jax.agents.progress import EpisodeProgress
 from matpo_jax.agents.rollout_metrics import slot_metrics
 from matpo_jax.agents.scheduler import PARK, RELEASE, Continue, Decision, SlotScheduler, Turn
-from matpo_jax.agents.trajectory import PLANNER, SINGLE, WORKER, Rollout, ToolCallRecord
+from matpo_jax.agents.trajectory import (PLANNER, ROLE_IDS, SINGLE, WORKER, Rollout,
+                                         ToolCallRecord)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ ERROR = "error"  # the engine failed on this rollout (logged); the batch goes on
 FINISH_REASONS = (ANSWER, MAX_TURNS, MAX_CONTEXT, MAX_NEW_TOKENS, MALFORMED, ERROR)
 
 # The tool schemas in each role's prompt (what its calls are checked against).
+# The role id of each sampling profile (sampling_profiles' order: planners or the single agent,
+# then workers): the LoRA adapter the sampler applies to a slot of that profile.
+PROFILE_ROLES = (ROLE_IDS[PLANNER], ROLE_IDS[WORKER])
 _PLANNER_TOOLS = (tools.SUBAGENT_SCHEMA,)
 _WORKER_TOOLS = (tools.SEARCH_SCHEMA, tools.OPEN_SCHEMA)
 
@@ -165,8 +169,10 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
             max_len=cfg.max_context, max_turn=cfg.turn_buffer, sampling=planner_sampling,
             stop_ids=planner_stops, rng=rng, buckets=options.injection_buckets,
             lanes=options.injection_lanes, prefixes=engine.scheduler.prefixes,
-            prefix_rows=prefix_rows,
-            more_profiles=more_profiles)
+            prefix_rows=prefix_rows, more_profiles=more_profiles,
+            # a slot's profile is its role: with LoRA, the role's adapter decodes it
+            profile_roles=PROFILE_ROLES,
+            prefix_roles=[PROFILE_ROLES[p] for p in engine.scheduler.prefix_profiles])
     finally:  # calls the engine stopped waiting for are not waited for here either
         pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
     engine.check_all_finished()
@@ -274,9 +280,10 @@ class _Engine:
         role = PLANNER if cfg.mode == "matpo" else SINGLE
         schemas = _PLANNER_TOOLS if role == PLANNER else _WORKER_TOOLS
         if cfg.reuse_prefixes:  # every sequence of a role starts with the role's system turn
-            self.scheduler.register_prefix(self._system_ids(role, schemas))
+            self.scheduler.register_prefix(self._system_ids(role, schemas), self._profile(role))
             if role == PLANNER:
-                self.scheduler.register_prefix(self._system_ids(WORKER, _WORKER_TOOLS))
+                self.scheduler.register_prefix(self._system_ids(WORKER, _WORKER_TOOLS),
+                                               self._profile(WORKER))
         for q, question in enumerate(questions):
             for g in range(cfg.group_size):
                 record = Rollout(rollout_id=len(self.agents), role=role, query_index=q,
@@ -286,7 +293,8 @@ class _Engine:
                                cfg.max_context)
                 self._open(agent, prompts.question_prompt(question))
                 if cfg.reuse_prefixes and cfg.group_size > 1 and g == 0:
-                    self.scheduler.register_prefix(record.tokens)  # the G samples' shared prompt
+                    # the G samples' shared prompt
+                    self.scheduler.register_prefix(record.tokens, self._profile(role))
 
     def _system_message(self, role: str, schemas: Sequence[dict]) -> dict:
         return {"role": "system", "content": self.chat.system_prompt(prompts.ROLE_TEXT[role],

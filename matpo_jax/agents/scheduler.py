@@ -117,6 +117,9 @@ class SlotScheduler:
         # has nothing pending (then the loop ends).
         self.on_idle = on_idle
         self.prefixes: list[list[int]] = []  # run_slots(prefixes=...) must get this very list
+        # The sampling profile of the sequences each prefix starts: a sequence starts only from a
+        # prefix of its own profile (with LoRA, the profile's role adapter computed its keys).
+        self.prefix_profiles: list[int] = []
         self.injection_len = injection_len
         self.on_turns = on_turns
         self.mix_roles = mix_roles
@@ -144,11 +147,13 @@ class SlotScheduler:
                                                list(context), group, turn_cap, stream,
                                                profile))
 
-    def register_prefix(self, tokens: Sequence[int]) -> None:
-        """Declares a token prefix that admitted contexts may start with (before the loop runs)."""
+    def register_prefix(self, tokens: Sequence[int], profile: int = 0) -> None:
+        """Declares a token prefix that admitted contexts of sampling profile `profile` may start
+        with (before the loop runs)."""
         tokens = list(tokens)
-        if tokens and tokens not in self.prefixes:
+        if tokens and (tokens, profile) not in zip(self.prefixes, self.prefix_profiles):
             self.prefixes.append(tokens)
+            self.prefix_profiles.append(profile)
 
     @property
     def num_waiting(self) -> int:
@@ -197,7 +202,7 @@ class SlotScheduler:
             if fresh:
                 stream[index] = seq_stream
                 profile[index] = max(seq_profile, 0)
-                prefix[index], skipped = self._prefix_of(tokens)
+                prefix[index], skipped = self._prefix_of(tokens, max(seq_profile, 0))
                 tokens = tokens[skipped:]
                 self.stats.prefills += 1
                 self.stats.prefill_tokens += len(tokens)
@@ -209,10 +214,11 @@ class SlotScheduler:
             writes[index] = tokens
         return self._injection(writes, reset, prefix, turn_cap, stream, profile)
 
-    def _prefix_of(self, context: list[int]) -> tuple[int, int]:
-        """(index of the longest registered prefix the context starts with, its length), or
-        (-1, 0)."""
-        matches = [i for i, p in enumerate(self.prefixes) if context[:len(p)] == p]
+    def _prefix_of(self, context: list[int], profile: int = 0) -> tuple[int, int]:
+        """(index of the longest registered prefix of `profile` the context starts with, its
+        length), or (-1, 0)."""
+        matches = [i for i, (p, owner) in enumerate(zip(self.prefixes, self.prefix_profiles))
+                   if owner == profile and context[:len(p)] == p]
         if not matches:
             return -1, 0
         best = max(matches, key=lambda i: len(self.prefixes[i]))

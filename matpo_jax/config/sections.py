@@ -16,6 +16,10 @@ from matpo_jax.config.fields import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, SEED,
 
 DTYPES = ("float32", "bfloat16")
 MODEL_FAMILIES = ("qwen3", "llama", "qwen2")  # model/config.py's FAMILIES; a test keeps them equal
+# model/config.py's ATTENTION_KERNELS (per path); a test keeps them equal.
+ATTENTION_TRAIN = ("auto", "xla", "splash", "cudnn", "pallas_gpu")
+ATTENTION_EXTEND = ("auto", "xla")
+ATTENTION_DECODE = ("auto", "xla")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 # The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
 PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
@@ -25,6 +29,9 @@ OPTIMIZERS = ("adamw", "sgd")  # trainer/step.py's; a test keeps them equal
 FORMAT_CREDITS = ("always", "when_correct", "off")  # rl/rewards.py reads these
 RATIOS = ("token", "setwise")  # trainer/loss.py's; a test keeps them equal
 ROLLOUT_CORRECTIONS = ("off", "measure", "tis")  # trainer/loss.py's; a test keeps them equal
+# model/lora.py's TARGETS and ROLE_MODES (this module imports no jax; a test keeps them equal).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_ROLES = ("shared", "per_role")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                      "seq-mean-token-sum-norm", "matpo")
 
@@ -67,6 +74,42 @@ class ArchSection(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionSection(Section):
+    """Which attention implementation each path runs (docs/attention_kernels.md). auto: by
+    backend (CPU: xla, the reference; TPU: splash for training; GPU: cudnn for training). A
+    kernel that cannot express a masking rule falls back to xla and logs why."""
+
+    PATH = "model.attention"
+    train: str = setting("auto", "packed training rows (segments, causal, shared prompts)",
+                         choices=ATTENTION_TRAIN)
+    extend: str = setting("auto", "multi-token extend / prefill over the KV cache",
+                          choices=ATTENTION_EXTEND)
+    decode: str = setting("auto", "one-token decode steps over the KV cache",
+                          choices=ATTENTION_DECODE)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASection(Section):
+    """Low-rank adapters over a frozen base (model/lora.py, docs/lora.md); rank 0: off, every
+    parameter trained (full fine-tuning, the default)."""
+
+    PATH = "model.lora"
+    rank: int = setting(0, "adapter rank r (0: no adapters, full fine-tuning)", range=NON_NEGATIVE)
+    alpha: float = setting(16.0, "adapter scale numerator: the update is (alpha / r) x A B",
+                           range=POSITIVE)
+    targets: tuple[str, ...] = setting(LORA_TARGETS, "projections that get adapters",
+                                       choices=LORA_TARGETS)
+    roles: str = setting("shared", "one adapter for every role, or one per role (planner, "
+                         "worker) in the same batches", choices=LORA_ROLES)
+
+    def consistency_problems(self) -> list[str]:
+        if self.rank and not self.targets:
+            return ["model.lora.targets: empty with model.lora.rank > 0 (name at least one "
+                    "projection)"]
+        return []
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection(Section):
     """The decoder (Qwen3, Llama or Qwen2 family). With `hf_checkpoint` set, its config.json wins
     over `arch`."""
@@ -82,6 +125,8 @@ class ModelSection(Section):
     dtype: str = setting("float32", "activations", choices=DTYPES)
     param_dtype: str = setting("float32", "parameters and optimizer state", choices=DTYPES)
     arch: ArchSection = group(ArchSection, "dimensions of a model built from scratch")
+    attention: AttentionSection = group(AttentionSection, "attention implementation per path")
+    lora: LoRASection = group(LoRASection, "low-rank adapters over the frozen model (rank 0: off)")
 
 
 # ------------------------------------------------------------------------------------------- mesh

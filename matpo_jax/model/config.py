@@ -22,6 +22,14 @@ FAMILIES = {
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 
+# The attention implementations each path offers (model/attention_dispatch.py; config field
+# model.attention.<path>). "auto" picks by backend: the CPU runs "xla", the plain-jnp reference.
+ATTENTION_KERNELS = {
+    "train": ("auto", "xla", "splash", "cudnn", "pallas_gpu"),  # packed training rows
+    "extend": ("auto", "xla"),  # multi-token extend / prefill over the KV cache
+    "decode": ("auto", "xla"),  # one-token decode steps over the KV cache
+}
+
 # Fields a Hugging Face config.json must carry for us to build the model.
 _REQUIRED_HF_FIELDS = (
     "vocab_size",
@@ -60,6 +68,11 @@ class DecoderConfig:
     dtype: str = "float32"  # compute dtype of activations
     param_dtype: str = "float32"  # storage dtype of parameters
     initializer_range: float = 0.02
+    # Attention implementation per path (ATTENTION_KERNELS): compute settings like `dtype`,
+    # never written to config.json.
+    attention_train: str = "auto"
+    attention_extend: str = "auto"
+    attention_decode: str = "auto"
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -84,6 +97,10 @@ class DecoderConfig:
         if self.head_dim % 2:
             raise ModelConfigError(
                 f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        for path, choices in ATTENTION_KERNELS.items():
+            if getattr(self, f"attention_{path}") not in choices:
+                raise ModelConfigError(f"attention_{path} must be one of {choices}, got "
+                                       f"{getattr(self, f'attention_{path}')!r}")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in SUPPORTED_DTYPES:
                 raise ModelConfigError(

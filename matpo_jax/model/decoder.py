@@ -13,8 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from matpo_jax.model import attention_dispatch
 from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
     blocked_cached_attention, cached_attention)
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.model import projection
 from matpo_jax.model.remat import remat_policy
 from matpo_jax.model.config import DecoderConfig
@@ -141,9 +143,14 @@ class Attention(nnx.Module):
             self.q_norm = _norm(head_dim, config)
             self.k_norm = _norm(head_dim, config)
         self.qk_norm = config.qk_norm
+        # model.attention.<path>: which implementation each path runs (attention_dispatch).
+        self.attention_train = config.attention_train
+        self.attention_extend = config.attention_extend
+        self.attention_decode = config.attention_decode
 
-    def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
-        """Attends x [B, T, hidden]. Without a cache, `mask` is the packed rows' segment ids
+    def __call__(self, x, rope, mask, layer_cache=None, write_slots=None, select=None):
+        """Attends x [B, T, hidden]; `select`: the LoRA adapter selector (model/lora.py; None:
+        the base projections alone). Without a cache, `mask` is the packed rows' segment ids
         [B, T] int (causal within a segment, 0 = padding; see packed_attention), or the pair
         (segment ids, shared-prefix ids) of rows whose sequences share prompts. With
         `layer_cache` = (k [B, K, D, S], v [B, K, S, D]) (heads-major), `mask` is a [B, T, S]
@@ -153,9 +160,12 @@ class Attention(nnx.Module):
         `write_slots` [B, T] (out of range = dropped) and the updated (k, v) is returned
         alongside."""
         batch, length, _ = x.shape
-        q = self.q_proj(x).reshape(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(batch, length, self.num_kv_heads, self.head_dim)
+        q = lora_lib.project(self.q_proj, x, select).reshape(batch, length, self.num_heads,
+                                                             self.head_dim)
+        k = lora_lib.project(self.k_proj, x, select).reshape(batch, length, self.num_kv_heads,
+                                                             self.head_dim)
+        v = lora_lib.project(self.v_proj, x, select).reshape(batch, length, self.num_kv_heads,
+                                                             self.head_dim)
         cos, sin = rope
         if self.qk_norm:  # Qwen3 normalises each head before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
@@ -173,13 +183,14 @@ class Attention(nnx.Module):
                 v.transpose(0, 2, 1, 3).astype(v_cache.dtype), mode="drop")
             layer_cache = (k, v)
             if isinstance(mask, tuple):  # (positions, lengths): a multi-token extend
-                out = blocked_cached_attention(q, k, v, *mask)
+                out = attention_dispatch.extend_attention(q, k, v, *mask, self.attention_extend)
             else:
-                out = cached_attention(q, k, v, mask)
+                out = attention_dispatch.decode_attention(q, k, v, mask, self.attention_decode)
         else:  # packed rows: segment ids, or (segment ids, shared-prefix ids)
             segment_ids, prefix_ids = mask if isinstance(mask, tuple) else (mask, None)
-            out = packed_attention(q, k, v, segment_ids, prefix_ids=prefix_ids)
-        return self.o_proj(out), layer_cache
+            out = attention_dispatch.train_attention(q, k, v, segment_ids, prefix_ids,
+                                                     self.attention_train)
+        return lora_lib.project(self.o_proj, out, select), layer_cache
 
 
 class MLP(nnx.Module):
@@ -190,8 +201,10 @@ class MLP(nnx.Module):
         self.up_proj = _linear(config.hidden_size, config.intermediate_size, config, rngs)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, config, rngs)
 
-    def __call__(self, x):
-        return self.down_proj(projection.swiglu(self.gate_proj(x), self.up_proj(x)))
+    def __call__(self, x, select=None):
+        hidden = projection.swiglu(lora_lib.project(self.gate_proj, x, select),
+                                   lora_lib.project(self.up_proj, x, select))
+        return lora_lib.project(self.down_proj, hidden, select)
 
 
 class DecoderLayer(nnx.Module):
@@ -201,11 +214,11 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = _norm(config.hidden_size, config)
         self.mlp = MLP(config, rngs)
 
-    def __call__(self, x, rope, mask, layer_cache=None, write_slots=None):
+    def __call__(self, x, rope, mask, layer_cache=None, write_slots=None, select=None):
         attn_out, layer_cache = self.self_attn(self.input_layernorm(x), rope, mask,
-                                               layer_cache, write_slots)
+                                               layer_cache, write_slots, select)
         x = x + attn_out
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.mlp(self.post_attention_layernorm(x), select)
         return x, layer_cache
 
 
@@ -227,15 +240,17 @@ class CausalLM(nnx.Module):
 
     # --- training / scoring forward
 
-    def __call__(self, tokens, positions=None, segment_ids=None, prefix_ids=None):
+    def __call__(self, tokens, positions=None, segment_ids=None, prefix_ids=None, roles=None):
         """Logits [B, T, V] float32 for packed rows: attention is causal within equal segment ids
         (and reaches the shared prefix segment `prefix_ids` names, 0 = none); segment 0 marks
-        padding. Positions default to 0..T-1 (restart them per packed segment)."""
+        padding. Positions default to 0..T-1 (restart them per packed segment). `roles` [B, T]:
+        each token's role id, which picks its LoRA adapter (model/lora.py; None: role 0;
+        lora.ADAPTERS_OFF: the base); ignored by a model without adapters."""
         return self.logits_from_hidden(self.hidden_states(tokens, positions, segment_ids,
-                                                          prefix_ids=prefix_ids))
+                                                          prefix_ids=prefix_ids, roles=roles))
 
     def hidden_states(self, tokens, positions=None, segment_ids=None, remat: str = "none",
-                      scan_layers: bool = False, prefix_ids=None):
+                      scan_layers: bool = False, prefix_ids=None, roles=None):
         """The final normalised hidden states [B, T, hidden] of __call__, for callers that project
         to the vocabulary in chunks (the full [B, T, V] float32 logits can dominate memory).
 
@@ -255,10 +270,11 @@ class CausalLM(nnx.Module):
             mask = (mask, prefix_ids.astype(jnp.int32))
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, rope_frequencies(self.config))
+        select = lora_lib.role_selector(self, roles, (batch, length), hidden.dtype)
         layer_def = nnx.graphdef(self.layers[0])
 
         def apply(layer_state, hidden):
-            return nnx.merge(layer_def, layer_state)(hidden, rope, mask)[0]
+            return nnx.merge(layer_def, layer_state)(hidden, rope, mask, None, None, select)[0]
 
         if remat != "none":
             apply = jax.checkpoint(apply, policy=remat_policy(remat), prevent_cse=not scan_layers)
@@ -276,25 +292,26 @@ class CausalLM(nnx.Module):
 
     # --- cached generation
 
-    def extend(self, tokens, num_valid, cache: KVCache):
+    def extend(self, tokens, num_valid, cache: KVCache, roles=None):
         """Appends tokens[b, :num_valid[b]] to row b at positions cache.lengths[b] + t.
 
         Returns logits [B, T, V] (rows past num_valid are meaningless) and the new cache. Rows with
         num_valid 0 are untouched; writes past max_len are dropped, so lengths can exceed max_len
-        (callers detect overflow with cache.lengths > cache.max_len)."""
-        hidden, cache = self.extend_hidden(tokens, num_valid, cache)
+        (callers detect overflow with cache.lengths > cache.max_len). roles [B]: each row's role
+        id (its LoRA adapter; see __call__)."""
+        hidden, cache = self.extend_hidden(tokens, num_valid, cache, roles)
         return self.logits_from_hidden(hidden), cache
 
-    def extend_last(self, tokens, num_valid, cache: KVCache):
+    def extend_last(self, tokens, num_valid, cache: KVCache, roles=None):
         """`extend` that projects only each row's last written position to the vocabulary:
         logits [B, V] at index num_valid[b] - 1 (meaningless for rows with num_valid 0). A sampler
         needs no more, and it skips the [B, T, V] logits of a long injection."""
-        hidden, cache = self.extend_hidden(tokens, num_valid, cache)
+        hidden, cache = self.extend_hidden(tokens, num_valid, cache, roles)
         last = jnp.clip(num_valid.astype(jnp.int32) - 1, 0, tokens.shape[1] - 1)
         hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
         return self.logits_from_hidden(hidden), cache
 
-    def extend_hidden(self, tokens, num_valid, cache: KVCache):
+    def extend_hidden(self, tokens, num_valid, cache: KVCache, roles=None):
         """`extend` before the output projection: (normalised hidden [B, T, hidden], cache)."""
         batch, length = tokens.shape
         num_valid = num_valid.astype(jnp.int32)
@@ -311,20 +328,25 @@ class CausalLM(nnx.Module):
 
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, rope_frequencies(self.config))
+        select = lora_lib.role_selector(
+            self, None if roles is None else jnp.asarray(roles)[:, None], (batch, length),
+            hidden.dtype)
         new_k, new_v = [], []
         for layer, k_layer, v_layer in zip(self.layers, cache.k, cache.v):
-            hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_layer, v_layer), write_slots)
+            hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_layer, v_layer), write_slots,
+                                               select)
             new_k.append(k_layer)
             new_v.append(v_layer)
         return self.norm(hidden), KVCache(tuple(new_k), tuple(new_v), new_lengths)
 
-    def prefill(self, tokens, lengths, cache: KVCache):
+    def prefill(self, tokens, lengths, cache: KVCache, roles=None):
         """Resets every row to length 0 and writes tokens[b, :lengths[b]]."""
-        return self.extend(tokens, lengths, cache._replace(lengths=jnp.zeros_like(cache.lengths)))
+        return self.extend(tokens, lengths, cache._replace(lengths=jnp.zeros_like(cache.lengths)),
+                           roles)
 
-    def decode(self, tokens, cache: KVCache, active):
+    def decode(self, tokens, cache: KVCache, active, roles=None):
         """One token per active row: tokens [B], active [B] bool -> (logits [B, V], cache)."""
-        return self.extend_last(tokens[:, None], active.astype(jnp.int32), cache)
+        return self.extend_last(tokens[:, None], active.astype(jnp.int32), cache, roles)
 
     # --- output projection
 

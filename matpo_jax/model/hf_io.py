@@ -114,12 +114,14 @@ class _TensorReader:
 
 def load_pretrained(path: str, dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
                     rules: Sequence | None = None,
-                    param_dtype: str = "float32") -> CausalLM:
+                    param_dtype: str = "float32",
+                    attention: dict[str, str] | None = None) -> CausalLM:
     """Loads a HF checkpoint directory (Qwen3, Llama or Qwen2). `param_dtype` is the dtype the
     parameters are stored in (each tensor is cast to it whatever its dtype in the file: a bfloat16 release loads as
     float32 master weights, or stays bfloat16); `dtype` is the compute dtype of activations (and
-    of the KV cache). With a mesh, each tensor goes straight to its partition-rule sharding."""
-    config = load_config(path, dtype=dtype, param_dtype=param_dtype)
+    of the KV cache). With a mesh, each tensor goes straight to its partition-rule sharding.
+    `attention`: the DecoderConfig's attention_<path> fields (default: "auto" for each)."""
+    config = load_config(path, dtype=dtype, param_dtype=param_dtype, **(attention or {}))
     files = _tensor_files(path)
     reader = _TensorReader(files)
     graphdef, abstract_state = nnx.split(

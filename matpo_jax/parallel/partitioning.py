@@ -25,6 +25,9 @@ PARTITION_RULES: list[tuple[str, P]] = [
     (r"mlp/down_proj/kernel$", P("tensor", "fsdp")),  # [intermediate, hidden]
     (r"lm_head/kernel$", P("fsdp", "tensor")),  # [hidden, vocab]
     (r"norm/scale$", P()),  # every RMSNorm (layer, q/k, final): tiny, replicated
+    # LoRA adapters [adapters, in, rank] / [adapters, rank, out] (model/lora.py): a rank-r slice
+    # of each projection, replicated (every device applies them to its own rows).
+    (r"_proj/lora_(a|b)$", P()),
 ]
 
 

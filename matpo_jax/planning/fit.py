@@ -57,10 +57,11 @@ def device_hbm_bytes(device) -> int | None:
 
 def estimate(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
     """The per-chip figures of `inputs` laid out on `mesh` (real or TPU-topology devices)."""
-    _, params, frozen = abstract_model(inputs.model)
+    _, params, frozen = abstract_model(inputs.model, inputs.lora)
     state, _ = abstract_train_state(params, frozen, step_lib.make_optimizer(inputs.optimizer),
                                     mesh)
-    parameters = accounting.per_chip_bytes(state.params)
+    trained = accounting.per_chip_bytes(state.params)  # LoRA: the adapters; the base is frozen
+    parameters = trained + accounting.per_chip_bytes(state.frozen)
     optimizer_state = accounting.per_chip_bytes(state.opt_state)
     axes = dict(data=mesh.shape["data"], fsdp=mesh.shape["fsdp"], tensor=mesh.shape["tensor"])
     budget = decode_slot_budget(inputs.model, inputs.max_context,
@@ -68,7 +69,7 @@ def estimate(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
                                 **axes)
     slots_per_chip = -(-inputs.decode_slots // budget.batch_shards)
     return FitEstimate(hbm=hbm, parameters=parameters, optimizer_state=optimizer_state,
-                       gradients=parameters,
+                       gradients=trained,
                        kv_cache=slots_per_chip * budget.kv_bytes_per_slot,
                        slot_buffers=slots_per_chip * budget.other_bytes_per_slot,
                        slots_that_fit=budget.slots_that_fit)

@@ -21,8 +21,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from matpo_jax import parallel
-from matpo_jax.model import DecoderConfig, CausalLM
+from matpo_jax.model import DecoderConfig, CausalLM, attention_dispatch
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.model.decoder import init_cache
+from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.planning import accounting
 from matpo_jax.planning.topology import Topology
 from matpo_jax.trainer import step as step_lib
@@ -41,6 +43,7 @@ class PlanInputs:
     max_context: int  # KV cache length per slot
     max_turn: int = 0  # tokens one turn may generate (the sampler's per-slot turn buffers)
     mfu: float = 0.4  # model FLOPs utilisation assumed for the step-time estimate
+    lora: lora_lib.LoRAConfig | None = None  # adapters over a frozen base (model.lora.*)
 
 
 def _with_shardings(shapes, shardings):
@@ -48,10 +51,13 @@ def _with_shardings(shapes, shardings):
                         shapes, shardings)
 
 
-def abstract_model(config: DecoderConfig):
-    """(graphdef, params, frozen) of the model as shapes only."""
-    model = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
-    return nnx.split(model, nnx.Param, ...)
+def abstract_model(config: DecoderConfig, lora: lora_lib.LoRAConfig | None = None):
+    """(graphdef, params, frozen) of the model as shapes only; with `lora`, params are the
+    adapters and frozen the base (the train state's split)."""
+    def build():
+        model = CausalLM(config, rngs=nnx.Rngs(0))
+        return model if lora is None else lora_lib.add_adapters(model, lora)
+    return lora_lib.split_trainable(nnx.eval_shape(build))
 
 
 def abstract_train_state(params, frozen, tx: optax.GradientTransformation, mesh):
@@ -125,11 +131,27 @@ def _out_of_memory(message: str, live_arguments: int) -> dict:
             "temporaries": max((used or 0) - live_arguments, 0)}
 
 
-def _xla_flops(compiled) -> float | None:
+def _cost_dict(compiled) -> dict:
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else {}
-    return float(cost["flops"]) if cost and "flops" in cost else None
+    return cost or {}
+
+
+def _xla_flops(compiled) -> float | None:
+    cost = _cost_dict(compiled)
+    return float(cost["flops"]) if "flops" in cost else None
+
+
+def _cost(compiled) -> dict:
+    """XLA's cost analysis of the compiled per-chip program: FLOPs, HBM bytes accessed,
+    transcendentals. Estimates, with two blind spots: a while loop's body (the layer scan, the
+    micro-batch scan) is counted once, and a Mosaic (Pallas) kernel declares no cost here, so it
+    counts nothing."""
+    cost = _cost_dict(compiled)
+    return {name: float(cost[key]) for name, key in (
+        ("flops", "flops"), ("bytes_accessed", "bytes accessed"),
+        ("transcendentals", "transcendentals")) if key in cost}
 
 
 def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
@@ -143,14 +165,18 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
                            step_config.loss.rollout_correction != "off")
     run = step_lib.make_train_step(graphdef, tx, step_config, mesh, shardings)
     start, cpu_start = time.perf_counter(), time.process_time()
-    compiled, error = _compile(run.jitted.lower(state, batch))
+    # The step names its mesh (TPU devices), so `auto` resolves for the TPU, not this host.
+    with attention_dispatch.record() as uses:
+        lowered = run.jitted.lower(state, batch)
+    compiled, error = _compile(lowered)
     compile_s, compile_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
 
-    param_bytes = accounting.per_chip_bytes(state.params)
-    parts = dict(parameters=param_bytes, optimizer_state=accounting.per_chip_bytes(state.opt_state),
+    param_bytes = accounting.per_chip_bytes(state.params)  # the trained ones (LoRA: adapters)
+    parts = dict(parameters=param_bytes + accounting.per_chip_bytes(state.frozen),
+                 optimizer_state=accounting.per_chip_bytes(state.opt_state),
                  batch=accounting.per_chip_bytes(batch),
-                 # The gradient accumulator: a param-dtype copy of the parameters, counted in
-                 # the temporaries.
+                 # The gradient accumulator: a param-dtype copy of the trained parameters,
+                 # counted in the temporaries.
                  gradients=param_bytes)
     if compiled is not None:
         memory = dict(_memory(compiled), compiled=True)
@@ -164,6 +190,7 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
     chips = mesh.devices.size
     return {
         "rows": rows, "row_length": inputs.row_length, "tokens": tokens,
+        "attention": attention_dispatch.implementations(uses),
         "rows_per_micro_batch_per_chip": rows / (step_config.micro_batches
                                                  * step_config.ppo_mini_batches
                                                  * mesh.shape["data"] * mesh.shape["fsdp"]),
@@ -176,6 +203,7 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
         "model_flops": flops["model_flops"], "hardware_flops": flops["hardware_flops"],
         "attention_flops_share": round(flops["attention_share"], 3),
         "xla_flops_per_chip_loop_bodies_once": _xla_flops(compiled) if compiled else None,
+        "cost_analysis_per_chip_loop_bodies_once": _cost(compiled) if compiled else None,
         "model_flops_per_chip": flops["model_flops"] / chips,
     }
 
@@ -185,15 +213,15 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     """Compiles one sampler decode step (`CausalLM.decode` over every slot, the cache
     sharded as the sampler shards it) and accounts the KV cache per chip."""
     param_sh = parallel.param_shardings(params, mesh)
-    replicated = NamedSharding(mesh, P())
-    frozen_sh = jax.tree.map(lambda _: replicated, frozen)
+    frozen_sh = parallel.param_shardings(frozen, mesh)  # empty, or a LoRA run's base
     slots, max_len = slots or inputs.decode_slots, inputs.max_context
     cache = jax.eval_shape(lambda: init_cache(inputs.model, slots, max_len))
     cache_sh = parallel.cache_shardings(cache, mesh)
     slot_sh = NamedSharding(mesh, parallel.fit_spec(P(parallel.BATCH_AXES), (slots,), mesh))
 
     def decode(params, frozen, tokens, cache, active):
-        return nnx.merge(graphdef, params, frozen).decode(tokens, cache, active)
+        with kernel_mesh(mesh):  # `auto` resolves for the mesh's (TPU) devices
+            return nnx.merge(graphdef, params, frozen).decode(tokens, cache, active)
 
     jitted = jax.jit(decode, in_shardings=(param_sh, frozen_sh, slot_sh, cache_sh, slot_sh),
                      out_shardings=(None, cache_sh), donate_argnums=3)
@@ -202,17 +230,22 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
             _with_shardings(cache, cache_sh),
             jax.ShapeDtypeStruct((slots,), jnp.bool_, sharding=slot_sh))
     start, cpu_start = time.perf_counter(), time.process_time()
-    compiled, error = _compile(jitted.lower(*args))
+    with attention_dispatch.record() as uses:
+        lowered = jitted.lower(*args)
+    compiled, error = _compile(lowered)
     compile_s, compile_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     if compiled is not None:
         memory = dict(_memory(compiled), compiled=True)
     else:
         memory = _out_of_memory(error, accounting.per_chip_bytes(args))
     kv = accounting.per_chip_bytes(args[3])
-    memory.update(parameters=accounting.per_chip_bytes(args[0]), kv_cache=kv)
+    memory.update(parameters=accounting.per_chip_bytes(args[:2]), kv_cache=kv)
     slot_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
     slot_shards = slot_shards if slots % slot_shards == 0 else 1
-    return {"slots": slots, "max_context": max_len, "compile_s": round(compile_s, 1),
+    return {"slots": slots, "max_context": max_len,
+            "attention": attention_dispatch.implementations(uses),
+            "cost_analysis_per_chip": _cost(compiled) if compiled else None,
+            "compile_s": round(compile_s, 1),
             "compile_cpu_s": round(compile_cpu_s, 1),
             "memory_per_chip": memory,
             "kv_bytes_per_slot_per_chip": kv / max(slots / slot_shards, 1),
@@ -262,6 +295,17 @@ def _train_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params,
     return out
 
 
+def _decode_estimate(ds: dict, topology: Topology) -> None:
+    """An estimate of the decode step's time from XLA's cost analysis: its layers are unrolled
+    and it runs no Pallas kernel, so the analysis covers the whole program; the slower of its
+    FLOPs at the chip's peak and its bytes at the HBM bandwidth (no overlap loss, no latency)."""
+    cost = ds.get("cost_analysis_per_chip")
+    if cost and "flops" in cost and "bytes_accessed" in cost:
+        ds["step_time_s_estimate_cost_analysis"] = max(
+            cost["flops"] / topology.chip.peak_bf16_flops,
+            cost["bytes_accessed"] / topology.chip.hbm_bandwidth)
+
+
 def _decode_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params, frozen,
                   attempts: int) -> dict:
     """decode_step; when the configured slots do not fit, the counts tried and the largest that
@@ -276,12 +320,14 @@ def _decode_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params
     # A decode step reads every parameter and the whole cache once: an HBM-bandwidth bound.
     ds["step_time_s_lower_bound"] = (memory["parameters"] + memory["kv_cache"]) / \
         topology.chip.hbm_bandwidth
+    _decode_estimate(ds, topology)
     out, shards = {"decode_step": ds}, ds["slot_shards"]
     fitting, tried = (ds["slots_that_fit"] // shards) * shards, set()
     while not ds["fits"] and fitting >= shards and fitting not in tried and len(tried) < attempts:
         tried.add(fitting)
         attempt = _decode_fit(decode_step_plan(inputs, mesh, graphdef, params, frozen,
                                                slots=fitting), hbm, resident)
+        _decode_estimate(attempt, topology)
         out.setdefault("decode_slots_tried", []).append(
             {"slots": fitting, "fits": attempt["fits"],
              "peak_with_optimizer_state": attempt["peak_with_optimizer_state"],
@@ -310,14 +356,18 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
     fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
-    graphdef, params, frozen = abstract_model(inputs.model)
+    graphdef, params, frozen = abstract_model(inputs.model, inputs.lora)
     chip = topology.chip
     plan = {
         "topology": topology.name, "libtpu_topology": topology.libtpu_name,
         "chips": topology.chips, "hosts": len({d.process_index for d in devices}),
         "hbm_per_chip": chip.hbm_bytes, "peak_bf16_flops_per_chip": chip.peak_bf16_flops,
         "mesh": dict(mesh.shape),
-        "model": {"parameters": int(sum(math.prod(x.shape) for x in jax.tree.leaves(params))),
+        "model": {"parameters": int(sum(math.prod(x.shape)
+                                        for x in jax.tree.leaves((params, frozen)))),
+                  "trained_parameters": int(sum(math.prod(x.shape)
+                                                for x in jax.tree.leaves(params))),
+                  "lora": None if inputs.lora is None else dataclasses.asdict(inputs.lora),
                   "dtype": inputs.model.dtype, "param_dtype": inputs.model.param_dtype,
                   "layers": inputs.model.num_hidden_layers,
                   "vocab_size": inputs.model.vocab_size},
@@ -336,6 +386,10 @@ def _gib(x) -> str:
     return f"{x / 2**30:.2f}"
 
 
+def _attention(step: dict, path: str) -> str:
+    return step.get("attention", {}).get(path, "?")
+
+
 def _train_lines(ts: dict, mfu: float, title: str) -> list[str]:
     m = ts["memory_per_chip"]
     verdict = "fits" if ts["fits"] else "DOES NOT FIT"
@@ -343,8 +397,8 @@ def _train_lines(ts: dict, mfu: float, title: str) -> list[str]:
         verdict += f" (XLA: {m['xla_message']})"
     return [
         f"{title}: {ts['rows']} rows x {ts['row_length']} tokens, {ts['micro_batches']} "
-        f"micro-batches, remat={ts['remat']}, scan_layers={ts['scan_layers']}, compiled in "
-        f"{ts['compile_s']} s",
+        f"micro-batches, remat={ts['remat']}, scan_layers={ts['scan_layers']}, attention "
+        f"{_attention(ts, 'train')}, compiled in {ts['compile_s']} s",
         f"  per chip GiB: parameters {_gib(m['parameters'])}, optimizer state "
         f"{_gib(m['optimizer_state'])}, batch {_gib(m['batch'])}, gradients "
         f"{_gib(m['gradients'])}, activations+other temporaries "
@@ -360,11 +414,14 @@ def _decode_lines(ds: dict, title: str) -> list[str]:
     if not m["compiled"]:
         verdict += f" (XLA: {m['xla_message']})"
     return [
-        f"{title}: {ds['slots']} slots x {ds['max_context']} tokens, compiled in "
-        f"{ds['compile_s']} s",
+        f"{title}: {ds['slots']} slots x {ds['max_context']} tokens, attention "
+        f"{_attention(ds, 'decode')}, compiled in {ds['compile_s']} s",
         f"  per chip GiB: parameters {_gib(m['parameters'])}, KV cache {_gib(m['kv_cache'])}, "
         f"peak {_gib(m['peak'])}, + optimizer state {_gib(ds['peak_with_optimizer_state'])} -> "
-        f"{verdict}; slots that fit: {ds['slots_that_fit']}"]
+        f"{verdict}; slots that fit: {ds['slots_that_fit']}"] + (
+        [f"  ~{ds['step_time_s_estimate_cost_analysis'] * 1e3:.1f} ms per decode step (estimate "
+         "from XLA's cost analysis: FLOPs at peak, bytes at HBM bandwidth)"]
+        if "step_time_s_estimate_cost_analysis" in ds else [])
 
 
 def summary_lines(plan: dict) -> list[str]:
@@ -383,6 +440,7 @@ def summary_lines(plan: dict) -> list[str]:
         lines += _decode_lines(plan["decode_step"], "decode step")
         lines.append(f"  >= {plan['decode_step']['step_time_s_lower_bound'] * 1e3:.1f} ms per "
                      "decode step (HBM bandwidth)")
+
     if "decode_step_fitting_slots" in plan:
         lines += _decode_lines(plan["decode_step_fitting_slots"], "decode step, slots that fit")
     check = plan.get("train_fit_check")

@@ -11,6 +11,13 @@ the parameters are read from the training checkpoint (`restore_params`), never t
 The checkpoint's recorded identity (run/provenance.py) must match that config.json and tokenizer;
 `out` must be a directory the export owns (run/output_dir.py); export.json records the files
 written and the checkpoint, step and hashes they come from.
+
+A LoRA run (model.lora.rank > 0; its checkpoints hold the adapters alone) is restored over its
+base (model.hf_checkpoint, or model.arch built from train.seed), whose hash must be the one the
+checkpoint records (provenance.check_base). Shared adapter: `out` holds the merged weights (a
+drop-in model, as for full fine-tuning) and `out/adapter/` the adapter in PEFT's format.
+Per-role adapters: `out` holds the base weights and `out/adapters/planner`, `out/adapters/worker`
+two PEFT adapters of that base (docs/lora.md).
 """
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ from matpo_jax.report import files
 
 from matpo_jax.chat import ChatFormat
 from matpo_jax.data import world_assets
-from matpo_jax.model import DecoderConfig, CausalLM
+from matpo_jax.model import DecoderConfig, CausalLM, load_pretrained
+from matpo_jax.model import lora as lora_lib
+from matpo_jax.model import peft_io
 from matpo_jax.model.hf_io import load_config, save_params
 from matpo_jax.run import output_dir, provenance
 
@@ -195,6 +204,47 @@ def abstract_params(config: DecoderConfig, device: jax.Device | None = None):
                         nnx.state(model, nnx.Param))
 
 
+def lora_config(run_cfg) -> lora_lib.LoRAConfig | None:
+    """The run's adapters (None: full fine-tuning, or a config from before model.lora)."""
+    lora = getattr(run_cfg.model, "lora", None)
+    if lora is None or not lora.rank:
+        return None
+    return lora_lib.LoRAConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets),
+                               roles=lora.roles)
+
+
+def restore_adapters(run_cfg, config: DecoderConfig, lora: lora_lib.LoRAConfig,
+                     checkpoint: str, step: int | None):
+    """(step, model): the run's base on the host, built as the run built it, with the adapters
+    of `checkpoint` (step `step`, else the newest that restores)."""
+    seed = run_cfg.train.seed
+    with jax.default_device(jax.devices("cpu")[0]):
+        if run_cfg.model.hf_checkpoint:
+            model = load_pretrained(run_cfg.model.hf_checkpoint, dtype=config.dtype,
+                                    param_dtype=config.param_dtype)
+        else:
+            model = CausalLM(config, rngs=nnx.Rngs(seed))
+        lora_lib.add_adapters(model, lora, seed=seed)
+    graphdef, adapters, base = lora_lib.split_trainable(model)
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                            adapters)
+    step, adapters = restore_params(checkpoint, abstract, step)
+    return step, nnx.merge(graphdef, adapters, base)
+
+
+def _save_lora(model, lora: lora_lib.LoRAConfig, run_cfg, stage: str, dtype, out: str) -> None:
+    """Shared: merged weights + `adapter/`; per-role: base weights + `adapters/<role>`, whose
+    base_model_name_or_path is `out` (where the staged files are published)."""
+    if lora.roles == "shared":
+        save_params(model.config, peft_io.merged_params(model), stage, dtype)
+        peft_io.save_peft_adapters(model, os.path.join(stage, "adapter"),
+                                   base_model=run_cfg.model.hf_checkpoint)
+        return
+    save_params(model.config, nnx.state(model, nnx.Param), stage, dtype)
+    peft_io.save_peft_adapters(model, os.path.join(stage, "adapters"), base_model=out)
+
+
 def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
                       tokenizer: str | None = None, dtype: str | None = None) -> Exported:
     """Writes the parameters of `checkpoint` (newest step, or `step`) as a Hugging Face directory
@@ -214,16 +264,26 @@ def export_checkpoint(checkpoint: str, out: str, step: int | None = None,
     if chat.id_count > config.vocab_size:
         raise ExportError(f"tokenizer {tokenizer_dir} uses ids up to {chat.id_count - 1}, beyond "
                           f"the model's vocab_size {config.vocab_size}")
-    step, params = restore_params(checkpoint, abstract_params(config), step)
+    lora = lora_config(run_cfg)
+    if lora is None:
+        step, params = restore_params(checkpoint, abstract_params(config), step)
+    else:
+        step, model = restore_adapters(run_cfg, config, lora, checkpoint, step)
     step_dir = os.path.join(files.absolute(checkpoint), str(step))
     identity = provenance.read_identity(files.absolute(checkpoint), step)
     provenance.check_run_config(identity, run_cfg.as_dict(), checkpoint=step_dir,
                                 config_path=os.path.join(workdir, RUN_CONFIG_FILE))
     provenance.check_tokenizer(identity, chat.tokenizer, checkpoint=step_dir,
                                source=f"tokenizer {tokenizer_dir}")
+    if lora is not None:
+        provenance.check_base(identity, provenance.base_identity(run_cfg.as_dict()),
+                              checkpoint=step_dir)
     stage = output_dir.staging_dir(out)  # safetensors writes local files
     try:
-        save_params(config, params, stage, dtype)
+        if lora is None:
+            save_params(config, params, stage, dtype)
+        else:
+            _save_lora(model, lora, run_cfg, stage, dtype, files.absolute(out))
         _keep_source_config_fields(run_cfg, stage)
         for name in TOKENIZER_FILES:
             if os.path.isfile(os.path.join(tokenizer_dir, name)):

@@ -27,4 +27,5 @@ def plan_inputs(cfg: ExperimentConfig, *, rows: int | None = None, remat: str | 
                       optimizer=runtime.optimizer_config(cfg, "rl"),
                       decode_slots=cfg.rollout.decode_slots,
                       max_context=cfg.rollout.max_context,
-                      max_turn=cfg.rollout.max_new_tokens_per_turn, mfu=mfu)
+                      max_turn=cfg.rollout.max_new_tokens_per_turn, mfu=mfu,
+                      lora=runtime.lora_config(cfg.model))

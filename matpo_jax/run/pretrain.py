@@ -31,6 +31,7 @@ from flax import nnx
 from matpo_jax.agents.trajectory import ROLE_IDS, SINGLE
 from matpo_jax.chat import ChatFormat
 from matpo_jax.config import ExperimentConfig
+from matpo_jax.config.sections import LoRASection
 from matpo_jax.config.validation import file_sha256
 from matpo_jax.data import synthetic_world
 from matpo_jax.data.reading_tasks import ReadingExample, ReadingTaskWriter
@@ -186,9 +187,11 @@ def eval_count(cfg: ExperimentConfig) -> int:
 
 
 def from_scratch(cfg: ExperimentConfig) -> ExperimentConfig:
-    """The config a warm start is built under: model.arch, the world's own trained tokenizer."""
+    """The config a warm start is built under: model.arch, the world's own trained tokenizer,
+    every parameter trained (model.lora is for the runs that start from the warm start)."""
     return dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, hf_checkpoint=None, hf_checkpoint_sha256="", tokenizer=None))
+        cfg.model, hf_checkpoint=None, hf_checkpoint_sha256="", tokenizer=None,
+        lora=LoRASection()))
 
 
 def machine_description() -> dict:

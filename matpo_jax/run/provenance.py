@@ -5,6 +5,8 @@ Every training checkpoint's meta item records, under "identity" (`checkpoint_ide
     config_sha256     sha256 of that config less the fields a resumed run may change
     tokenizer_sha256  sha256 of the tokenizer's ids: its vocabulary (added tokens included) and
                       its special tokens (what a token id means, whatever files hold it)
+    base_model        with LoRA only (model.lora.rank > 0; the checkpoint holds the adapters
+                      alone): the frozen base they belong to, `base_identity`
 Readers check what they pair with the parameters against it: export the run config it found
 above the checkpoint and the tokenizer it ships (`check_run_config`, `check_tokenizer`),
 evaluate the tokenizer it reads prompts and answers with. An evaluation's results record the
@@ -28,6 +30,7 @@ from matpo_jax.report import files
 
 log = logging.getLogger(__name__)
 IDENTITY_KEY = "identity"  # the key of the checkpoint meta's caller metadata
+BASE_KEY = "base_model"  # the identity's record of a LoRA run's frozen base
 META_ITEM, META_FILE = "meta", "metadata"  # trainer/checkpoint.py's JSON item, as Orbax lays it
 SHOWN_CHANGES = 3  # fields a mismatch message names
 
@@ -66,11 +69,61 @@ def config_sha256(config: Mapping) -> str:
 
 
 def checkpoint_identity(cfg, chat) -> dict:
-    """What a run's checkpoints record: its config (typed or as config.json holds it) and the
-    tokenizer of its chat format."""
+    """What a run's checkpoints record: its config (typed or as config.json holds it), the
+    tokenizer of its chat format and, with LoRA adapters, the base they adapt."""
     as_json = _as_json(cfg)
-    return {"config": as_json, "config_sha256": config_sha256(as_json),
-            "tokenizer_sha256": tokenizer_sha256(chat.tokenizer)}
+    identity = {"config": as_json, "config_sha256": config_sha256(as_json),
+                "tokenizer_sha256": tokenizer_sha256(chat.tokenizer)}
+    base = base_identity(cfg)
+    if base is not None:
+        identity[BASE_KEY] = base
+    return identity
+
+
+def base_identity(cfg) -> dict | None:
+    """The frozen base of a LoRA run (None without adapters): `path` (model.hf_checkpoint,
+    absolute; None for a base built from model.arch) and `sha256`: the pinned
+    model.hf_checkpoint_sha256 (validation checked the file), else the sha256 of the
+    checkpoint's safetensors files in name order; a base built from model.arch is named by the
+    hash of its architecture and train.seed, which determine it."""
+    flat = flatten(_as_json(cfg))
+    if not flat.get("model.lora.rank"):
+        return None
+    path = flat.get("model.hf_checkpoint")
+    if not path:
+        built = {k: v for k, v in flat.items() if k.startswith("model.arch.")
+                 or k in ("model.param_dtype", "train.seed")}
+        return {"path": None, "sha256": _sha256(built)}
+    pinned = flat.get("model.hf_checkpoint_sha256")
+    return {"path": files.absolute(path),
+            "sha256": pinned.lower() if pinned else weights_sha256(path)}
+
+
+def weights_sha256(directory: str) -> str:
+    """sha256 over a Hugging Face directory's *.safetensors files (one file: its own sha256,
+    what model.hf_checkpoint_sha256 pins)."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+    digests = []
+    for name in names:
+        digest = hashlib.sha256()
+        with open(os.path.join(directory, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        digests.append(digest.hexdigest())
+    return digests[0] if len(digests) == 1 else _sha256(dict(zip(names, digests)))
+
+
+def check_base(identity: Mapping | None, expected: Mapping | None, *, checkpoint: str) -> None:
+    """Adapters restored from `checkpoint` go with the base this run builds: ArtifactMismatch
+    naming both when the recorded base differs (a checkpoint without a record is not checked)."""
+    if expected is None or identity is None or BASE_KEY not in identity:
+        return
+    recorded = identity[BASE_KEY]
+    if recorded.get("sha256") != expected.get("sha256"):
+        raise ArtifactMismatch(
+            f"{checkpoint} holds LoRA adapters of another base (path {recorded.get('path')}, "
+            f"sha256 {str(recorded.get('sha256'))[:12]}) than this run's model.hf_checkpoint "
+            f"(path {expected.get('path')}, sha256 {str(expected.get('sha256'))[:12]})")
 
 
 def read_identity(directory: str, step: int) -> dict | None:

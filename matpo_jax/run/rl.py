@@ -33,6 +33,7 @@ from matpo_jax.run import sft as sft_lib
 from matpo_jax.agents.rollout import run_rollouts
 from matpo_jax.agents.rollout_metrics import rollout_stats
 from matpo_jax.data import loader as loader_lib
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.rl import batch as batch_lib
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.trainer import loop as loop_lib
@@ -117,13 +118,14 @@ def run_rl(rt: Runtime, graphdef, params, frozen, writer: metrics_lib.MetricsWri
     validation curve's questions, or the whole evaluation; run/eval/curve.py)."""
     cfg = rt.cfg
     scfg = step_config(cfg, "rl")
+    model = nnx.merge(graphdef, params, frozen)
     loop = loop_lib.TrainLoop(loop_config(cfg, "rl", rt.path("checkpoints", "rl"), rt.chat),
-                              nnx.merge(graphdef, params, frozen), optimizer_config(cfg, "rl"),
-                              scfg, rt.mesh)
+                              model, optimizer_config(cfg, "rl"), scfg, rt.mesh)
     questions = iter(question_loader(rt))
     # One jitted log-prob function serves the KL reference and the rollout correction.
     logprobs = step_lib.make_logprob_fn(loop.graphdef, scfg, rt.mesh, loop.shardings)
-    with_reference = reference_logprobs(loop, scfg, logprobs)  # before a resume replaces params
+    with_reference = reference_logprobs(loop, scfg, logprobs,  # before a resume replaces params
+                                        lora=lora_lib.has_adapters(model))
     with_recomputed = recomputed_logprobs(scfg, logprobs)
     rcfg, sampler_mesh = rollout_config(cfg), multihost.local_mesh(rt.mesh)
     # Which questions each step trained on: a resumed run must consume the same stream.
@@ -201,12 +203,19 @@ def _evaluates_after(train, step: int) -> bool:
     return bool(train.eval_every) and step % train.eval_every == 0 and step < train.steps
 
 
-def reference_logprobs(loop: loop_lib.TrainLoop, scfg, logprobs):
+def reference_logprobs(loop: loop_lib.TrainLoop, scfg, logprobs, lora: bool = False):
     """batch -> batch with the KL term's reference log-probs (rl.kl_coef > 0; else the batch
     unchanged). The reference policy is the RL start (SFT's result), frozen: a copy, since the
-    train step donates the state's buffers; a resumed run rebuilds it the same way."""
+    train step donates the state's buffers; a resumed run rebuilds it the same way.
+    With LoRA (`lora`), the reference is the frozen base with every adapter off, computed from
+    the live state by the same program: no copy of any parameter."""
     if scfg.loss.kl_coef <= 0:
         return lambda batch: batch
+    if lora:
+        base = step_lib.make_logprob_fn(loop.graphdef, scfg, loop.mesh, loop.shardings,
+                                        adapters=False)
+        return lambda batch: dataclasses.replace(
+            batch, ref_logprobs=base(loop.state.params, loop.state.frozen, batch))
     copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=loop.shardings.params)
     reference = (copy(loop.state.params), loop.state.frozen)
     return lambda batch: dataclasses.replace(batch, ref_logprobs=logprobs(*reference, batch))

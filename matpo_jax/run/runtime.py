@@ -20,6 +20,8 @@ from matpo_jax.config import (ExperimentConfig, MeshSection, ModelSection, Rewar
                               RLSection, RolloutSection, ToolsSection)
 from matpo_jax.data.task_assets import TaskAssets
 from matpo_jax.model import DecoderConfig, CausalLM, load_pretrained
+from matpo_jax.model.config import ATTENTION_KERNELS
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.parallel.mesh import resolve_mesh_shape
 from matpo_jax.rl import rewards as rewards_lib
 from matpo_jax.rl.judge import JudgeConfig, LLMJudge
@@ -53,18 +55,41 @@ def make_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     return parallel.make_mesh(mesh_shape(cfg.mesh, jax.device_count()))
 
 
+def attention_kernels(model: ModelSection) -> dict[str, str]:
+    """`model.attention` as the decoder's fields (attention_train, _extend, _decode)."""
+    return {f"attention_{path}": getattr(model.attention, path) for path in ATTENTION_KERNELS}
+
+
 def model_config(model: ModelSection) -> DecoderConfig:
-    """The architecture of a model trained from scratch (`model.arch`, dtypes)."""
+    """The architecture of a model trained from scratch (`model.arch`, dtypes, attention)."""
     return DecoderConfig(**dataclasses.asdict(model.arch), dtype=model.dtype,
-                       param_dtype=model.param_dtype)
+                       param_dtype=model.param_dtype, **attention_kernels(model))
+
+
+def lora_config(model: ModelSection) -> lora_lib.LoRAConfig | None:
+    """The adapters of `model.lora`, or None (rank 0: full fine-tuning)."""
+    lora = model.lora
+    if not lora.rank:
+        return None
+    return lora_lib.LoRAConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets),
+                               roles=lora.roles)
 
 
 def build_model(cfg: ExperimentConfig, mesh) -> CausalLM:
-    """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`."""
+    """A fresh model from `model.arch`, or Hugging Face weights from `model.hf_checkpoint`;
+    with `model.lora.rank` > 0, fresh adapters over it (train.seed), which the train state then
+    trains alone."""
+    lora = lora_config(cfg.model)
     if cfg.model.hf_checkpoint:
-        return load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
-                               param_dtype=cfg.model.param_dtype)
-    model = CausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
+        model = load_pretrained(cfg.model.hf_checkpoint, dtype=cfg.model.dtype, mesh=mesh,
+                                param_dtype=cfg.model.param_dtype,
+                                attention=attention_kernels(cfg.model))
+        if lora is None:
+            return model  # already on its shardings
+    else:
+        model = CausalLM(model_config(cfg.model), rngs=nnx.Rngs(cfg.train.seed))
+    if lora is not None:
+        lora_lib.add_adapters(model, lora, seed=cfg.train.seed)
     return parallel.shard_model(model, mesh)
 
 
@@ -157,7 +182,12 @@ def loop_config(cfg: ExperimentConfig, phase: str, checkpoint_dir: str | None,
     train = cfg.train
     identity = {} if chat is None else {
         provenance.IDENTITY_KEY: provenance.checkpoint_identity(cfg, chat)}
+    base = identity.get(provenance.IDENTITY_KEY, {}).get(provenance.BASE_KEY)
+    restore_check = None if base is None else (
+        lambda meta: provenance.check_base(meta.get(provenance.IDENTITY_KEY), base,
+                                           checkpoint=str(checkpoint_dir)))
     shared = dict(checkpoint_dir=checkpoint_dir, checkpoint_metadata=identity,
+                  restore_check=restore_check,
                   checkpoint_every=train.checkpoint_every,
                   keep_checkpoints=train.keep_checkpoints,
                   async_checkpointing=train.async_checkpointing, log_every=train.log_every,

@@ -106,6 +106,10 @@ def restore_shared_start(cfg, state, chat=None):
                                    checkpoint=f"sft.init_checkpoint={directory} (step "
                                               f"{restored.step})",
                                    source="this run's tokenizer", config=cfg)
+    # LoRA: the adapters restored belong over this run's base.
+    provenance.check_base(restored.metadata.get(provenance.IDENTITY_KEY),
+                          provenance.base_identity(cfg),
+                          checkpoint=f"sft.init_checkpoint={directory} (step {restored.step})")
     log.info("SFT start restored from %s (step %d); no SFT steps run here",
              directory, restored.step)
     return state.replace(params=restored.params)

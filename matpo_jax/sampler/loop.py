@@ -115,10 +115,10 @@ def _stop_reasons(tokens, stop_table):
 
 
 def _decode_step(model, s: _LoopState, rng, profiles: ProfileValues, truncation: Truncation,
-                 stop_tables, max_len: int):
+                 stop_tables, max_len: int, profile_roles):
     """Samples one token for every active slot with room left, records it, and decodes it.
     profiles / stop_tables: profile p's settings and ((token, reason), ...) (slots pick one by
-    s.profile)."""
+    s.profile); profile_roles [P]: profile p's role id (a slot's LoRA adapter)."""
     slots, max_turn = s.turn_tokens.shape
     rows = jnp.arange(slots)
     full = s.cache.lengths >= max_len
@@ -132,7 +132,7 @@ def _decode_step(model, s: _LoopState, rng, profiles: ProfileValues, truncation:
     turn_len = s.turn_len + sampling_rows
     # The sampled token always enters the cache (the stop token too): the context stays complete,
     # so the host only appends what comes after it.
-    new_logits, cache = model.decode(tokens, s.cache, sampling_rows)
+    new_logits, cache = model.decode(tokens, s.cache, sampling_rows, profile_roles[s.profile])
     logits = jnp.where(sampling_rows[:, None], new_logits, s.logits)
 
     stops = _stop_reasons(tokens, stop_tables[0])
@@ -154,7 +154,7 @@ def _decode_step(model, s: _LoopState, rng, profiles: ProfileValues, truncation:
 
 
 def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: int,
-                store=None, constrain=lambda s: s, replicated=lambda x: x):
+                profile_roles, store=None, constrain=lambda s: s, replicated=lambda x: x):
     """One host call with the current events, then the injection it answers with."""
     slots, max_turn = s.turn_tokens.shape
     result_shapes = (jax.ShapeDtypeStruct((slots,), jnp.int32),
@@ -187,8 +187,10 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
     if store is not None:
         cache, logits = copy_prefixes(cache, logits, store, prefix)
     num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
+    # The profile a slot decodes with from now on; its role picks the injection's adapter too.
+    profile = jnp.where(profile >= 0, profile, s.profile)
     cache, logits = inject(model, cache, logits, host_reader(session_id, replicated), num,
-                           buckets, lanes, max_num=max_len)
+                           buckets, lanes, max_num=max_len, roles=profile_roles[profile])
     # A new turn starts for slots that stopped or received tokens.
     new_turn = s.stopped | reset | (num > 0)
     turn_cap = jnp.where(new_turn, jnp.where(turn_cap > 0, turn_cap, max_turn), s.turn_cap)
@@ -196,7 +198,7 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
         cache=cache, logits=logits, active=active, stopped=jnp.zeros_like(s.stopped),
         stop_reason=jnp.zeros_like(s.stop_reason), turn_len=jnp.where(new_turn, 0, s.turn_len),
         turn_cap=turn_cap, stream=jnp.where(stream >= 0, stream, s.stream),
-        profile=jnp.where(profile >= 0, profile, s.profile),
+        profile=profile,
         host_calls=s.host_calls + 1, done=done))
 
 
@@ -234,14 +236,19 @@ def _replication(mesh: Mesh | None):
     "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "truncation", "stop_tables",
     "mesh"))
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
-               prefix_lengths, profiles, *, slots, max_len, max_turn, buckets, lanes, truncation,
-               stop_tables, mesh=None):
+               prefix_lengths, profiles, prefix_roles=None, profile_roles=None, *, slots, max_len,
+               max_turn, buckets, lanes, truncation, stop_tables, mesh=None):
     model = nnx.merge(graphdef, model_state)
+    # Role ids (LoRA adapters) of the prefixes and the sampling profiles; None: role 0.
+    if prefix_roles is None:
+        prefix_roles = jnp.zeros(prefix_tokens.shape[:1], jnp.int32)
+    if profile_roles is None:
+        profile_roles = jnp.zeros((len(stop_tables),), jnp.int32)
     config = model.config
     constrain, replicated = _state_constraint(mesh), _replication(mesh)
     store = None
     if prefix_tokens.shape[0]:
-        store = build_prefix_store(model, prefix_tokens, prefix_lengths, buckets)
+        store = build_prefix_store(model, prefix_tokens, prefix_lengths, buckets, prefix_roles)
         if mesh is not None:
             store = PrefixStore(jax.lax.with_sharding_constraint(
                 store.cache, cache_shardings(store.cache, mesh)), store.logits)
@@ -266,11 +273,11 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
         return jax.lax.while_loop(
             lambda s: ~s.done & ~jnp.any(s.stopped) & jnp.any(s.active) & under_limits(s),
             lambda s: constrain(_decode_step(model, s, rng, profiles, truncation, stop_tables,
-                                             max_len)), s)
+                                             max_len, profile_roles)), s)
 
     def outer_body(s):
         return decode_until_a_stop(_host_round(model, s, session_id, buckets, lanes, max_len,
-                                               store, constrain, replicated))
+                                               profile_roles, store, constrain, replicated))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
     return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
@@ -293,8 +300,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
               prefixes: Sequence[Sequence[int]] = (), prefix_rows: int = 0,
               max_steps: int = 1 << 30,
               max_host_calls: int = 1 << 30, mesh: Mesh | None = None,
-              more_profiles: Sequence[tuple[Sampling, Mapping[int, int] | Sequence[int]]] = ()
-              ) -> SlotLoopStats:
+              more_profiles: Sequence[tuple[Sampling, Mapping[int, int] | Sequence[int]]] = (),
+              profile_roles: Sequence[int] | None = None,
+              prefix_roles: Sequence[int] | None = None) -> SlotLoopStats:
     """Runs the slot loop until the host answers done (or a safety cap is hit).
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
@@ -315,6 +323,10 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     (`sampling`, `stop_ids`); a slot decodes with the one its SlotInjection.profile names, so
     planner and worker slots of one batch sample at their own temperature and top-p and stop at
     their own ids (top_k must be the same). Their turn caps are SlotInjection.turn_cap's.
+    profile_roles: the role id of each profile (default 0 for all): a LoRA model decodes and
+    extends every slot with its profile's role's adapter (agents/rollout.py gives planners profile
+    0 and workers 1, their role ids). prefix_roles: the role id of each of `prefixes` (default 0),
+    whose keys and values are computed with that role's adapter. Both are operands: no recompile.
     All results reach the host through SlotEvents; this returns counters and the bytes each host
     round moved."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
@@ -327,6 +339,19 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     mesh = mesh_of(model_state) if mesh is None else mesh
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len, prefix_rows)
+    prefix_role_ids = np.zeros(prefix_tokens.shape[0], np.int32)
+    if prefix_roles is not None:
+        if len(prefix_roles) != len(prefixes):
+            raise SlotProtocolError(f"prefix_roles has {len(prefix_roles)} entries for "
+                                    f"{len(prefixes)} prefixes")
+        prefix_role_ids[:len(prefix_roles)] = prefix_roles
+    profile_count = 1 + len(more_profiles)
+    profile_role_ids = np.zeros(profile_count, np.int32)
+    if profile_roles is not None:
+        if len(profile_roles) != profile_count:
+            raise SlotProtocolError(f"profile_roles has {len(profile_roles)} entries for "
+                                    f"{profile_count} sampling profiles")
+        profile_role_ids[:] = profile_roles
     # Profile settings are operands, not constants: a greedy evaluation and sampled rollouts with
     # the same shapes, stop ids and truncation run one compiled loop.
     values, truncation = profile_settings((sampling,) + tuple(p for p, _ in more_profiles))
@@ -337,7 +362,8 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         counters = _slot_loop(graphdef, model_state, rng, jnp.int32(session_id),
                               jnp.int32(min(max_steps, 2**31 - 1)),
                               jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,
-                              prefix_lengths, values, slots=slots,
+                              prefix_lengths, values, jnp.asarray(prefix_role_ids),
+                              jnp.asarray(profile_role_ids), slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
                               lanes=lanes, truncation=truncation, stop_tables=stop_tables,
                               mesh=mesh)

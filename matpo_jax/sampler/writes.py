@@ -15,10 +15,11 @@ import jax.numpy as jnp
 from matpo_jax.model.decoder import KVCache, init_cache
 
 
-def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int, max_num: int):
+def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int, max_num: int,
+           roles=None):
     """Appends the first num[b] tokens of row b to every row with num[b] > 0 and sets its
     next-token logits (the extend's at index num-1); other rows keep theirs, and nothing runs
-    when num is all 0.
+    when num is all 0. roles [B]: each row's role id (its LoRA adapter; None: role 0).
 
     read_tokens(rows, start, width) -> int32[len(rows), width]: columns [start, start + width)
     of the given rows' tokens (row index B = an empty lane: any tokens). It is called once per
@@ -35,9 +36,10 @@ def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int,
     last written position is projected to the vocabulary (`model.extend_last`).
     """
     slots = num.shape[0]
+    roles = jnp.zeros((slots,), jnp.int32) if roles is None else roles
     if lanes >= slots:
         return bucketed_extend(model, cache, logits, read_tokens, jnp.arange(slots), num, buckets,
-                               max_num)
+                               max_num, roles)
 
     def extend_lanes(carry):
         cache, logits, pending = carry
@@ -45,7 +47,7 @@ def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int,
         gather = jnp.minimum(rows, slots - 1)
         lane_num = jnp.where(rows < slots, num[gather], 0)
         sub, new = bucketed_extend(model, cache.rows(gather), logits[gather], read_tokens, rows,
-                                   lane_num, buckets, max_num)
+                                   lane_num, buckets, max_num, roles[gather])
         # Empty lanes scatter to row `slots`, which mode="drop" discards.
         return (cache.set_rows(rows, sub), logits.at[rows].set(new, mode="drop"),
                 pending.at[rows].set(False, mode="drop"))
@@ -66,7 +68,7 @@ def array_reader(tokens):
 
 
 def bucketed_extend(model, cache: KVCache, logits, read_tokens, rows, num, buckets,
-                    max_num: int):
+                    max_num: int, roles=None):
     """Extends every row of `cache` (the token rows `rows` of `read_tokens`) by the smallest
     static width in `buckets` that fits max(num); when max_num exceeds the last bucket, longer
     writes go through a loop of extends of the last width (`extend_in_chunks`).
@@ -78,12 +80,12 @@ def bucketed_extend(model, cache: KVCache, logits, read_tokens, rows, num, bucke
 
     def extend_once(width):
         return lambda cache, logits: _extend(model, cache, logits,
-                                             read_tokens(rows, jnp.int32(0), width), num)
+                                             read_tokens(rows, jnp.int32(0), width), num, roles)
 
     branches = [extend_once(width) for width in buckets]
     if buckets[-1] < max_num:
         branches.append(lambda cache, logits: extend_in_chunks(
-            model, cache, logits, read_tokens, rows, num, buckets[-1]))
+            model, cache, logits, read_tokens, rows, num, buckets[-1], roles))
     longest = jnp.max(num)
     chosen = jnp.where(longest == 0, -1, jnp.sum(jnp.asarray(buckets) < longest))
     for index, branch in enumerate(branches):
@@ -98,19 +100,21 @@ def extend_width(length: int, buckets) -> int:
     return next((b for b in buckets if b >= length), -(-length // buckets[-1]) * buckets[-1])
 
 
-def _extend(model, cache: KVCache, logits, tokens, num):
-    new, cache = model.extend_last(tokens, num, cache)
+def _extend(model, cache: KVCache, logits, tokens, num, roles=None):
+    new, cache = model.extend_last(tokens, num, cache, roles)
     return cache, jnp.where((num > 0)[:, None], new, logits)
 
 
-def extend_in_chunks(model, cache: KVCache, logits, read_tokens, rows, num, chunk: int):
+def extend_in_chunks(model, cache: KVCache, logits, read_tokens, rows, num, chunk: int,
+                     roles=None):
     """Writes a long injection as a loop of `chunk`-wide extends: the extend activations stay
     chunk-sized whatever the context length, and only one more extend width is compiled."""
 
     def write_chunk(carry):
         start, cache, logits = carry
         part = read_tokens(rows, start, chunk)
-        cache, logits = _extend(model, cache, logits, part, jnp.clip(num - start, 0, chunk))
+        cache, logits = _extend(model, cache, logits, part, jnp.clip(num - start, 0, chunk),
+                                roles)
         return start + chunk, cache, logits
 
     _, cache, logits = jax.lax.while_loop(lambda carry: carry[0] < jnp.max(num), write_chunk,
@@ -144,14 +148,16 @@ def prefix_store_buckets(buckets, width: int) -> tuple[int, ...]:
     return tuple(b for b in sorted(buckets) if b < width) + (width,)
 
 
-def build_prefix_store(model, tokens, lengths, buckets) -> PrefixStore:
+def build_prefix_store(model, tokens, lengths, buckets, roles=None) -> PrefixStore:
     """Computes the store from tokens [P, W] (row p's prefix is tokens[p, :lengths[p]]), one row
-    at a time, by the same bucketed extends as an injection."""
+    at a time, by the same bucketed extends as an injection. roles [P]: the role id of the
+    sequences each prefix starts (its LoRA adapter; None: role 0)."""
     rows, width = tokens.shape
     cache = init_cache(model.config, rows, width)
     logits = jnp.zeros((rows, model.config.vocab_size), jnp.float32)
     cache, logits = inject(model, cache, logits, array_reader(tokens), lengths,
-                           prefix_store_buckets(buckets, width), lanes=1, max_num=width)
+                           prefix_store_buckets(buckets, width), lanes=1, max_num=width,
+                           roles=roles)
     return PrefixStore(cache, logits)
 
 

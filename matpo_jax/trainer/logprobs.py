@@ -250,15 +250,16 @@ def score_tokens(model, tokens: jax.Array, positions: jax.Array, segment_ids: ja
                  entropy_gradient: bool = True, remat: str = "none", scan_layers: bool = False,
                  seq_block: int = SEQ_BLOCK, vocab_block: int = VOCAB_BLOCK,
                  scored: jax.Array | None = None, scored_capacity: int | None = None,
-                 prefix_ids: jax.Array | None = None):
+                 prefix_ids: jax.Array | None = None, roles: jax.Array | None = None):
     """`next_token_logprobs` of packed rows under a `CausalLM`: its decoder (with the
     `remat` policy per layer, optionally scanned), then the blockwise log-softmax of its output
     head. For the train step, and for reference-policy log-probs at the sampling temperature.
     scored: [B, T] bool, the positions the caller reads (the others are returned as 0): the head
     then runs on those only (`scored_next_token_logprobs`, scored_capacity slots a row).
-    prefix_ids: rows whose sequences share a prompt segment (packing.PackedBatch.prefix_ids)."""
+    prefix_ids: rows whose sequences share a prompt segment (packing.PackedBatch.prefix_ids).
+    roles: [B, T] role ids, each token's LoRA adapter (model/lora.py; ignored without adapters)."""
     hidden = model.hidden_states(tokens, positions, segment_ids, remat=remat,
-                                 scan_layers=scan_layers, prefix_ids=prefix_ids)
+                                 scan_layers=scan_layers, prefix_ids=prefix_ids, roles=roles)
     if not isinstance(temperature, (int, float)):
         # One temperature per position ([B, T], e.g. planner and worker rows sampled at their own):
         # logits / T_t = (hidden_t / T_t) @ head, so the blockwise kernel runs at 1.

@@ -57,6 +57,9 @@ class LoopConfig:
     # JSON the phase's checkpoints record beside the step (run/provenance.py: the run's config
     # and tokenizer, which readers of the checkpoint check what they pair it with against)
     checkpoint_metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Called with a checkpoint's metadata before the loop resumes from it; raises to refuse it
+    # (run/provenance.check_base: LoRA adapters resume only over the base they were trained on).
+    restore_check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 @dataclasses.dataclass
@@ -121,6 +124,8 @@ class TrainLoop:
                                               extras=_counters(state))
         if restored is None:
             return 0
+        if self.config.restore_check is not None:
+            self.config.restore_check(restored.metadata or {})
         if restored.extras is not None:
             counters = restored.extras
         else:  # a checkpoint from before counters were saved: the step is all it knows

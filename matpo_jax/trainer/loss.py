@@ -365,7 +365,7 @@ def model_objective(model, batch, config: LossConfig, *, objective: str = "rl",
         entropy_gradient=rl and config.entropy_coef > 0, remat=remat, scan_layers=scan_layers,
         seq_block=seq_block, vocab_block=vocab_block, scored=batch.loss_mask != 0,
         scored_capacity=scored_capacity(batch.tokens.shape[1]),
-        prefix_ids=batch.prefix_ids)
+        prefix_ids=batch.prefix_ids, roles=batch.role_ids)  # roles: each token's LoRA adapter
     return policy_objective(logp, entropy, batch, config) if rl else sft_objective(logp, batch)
 
 

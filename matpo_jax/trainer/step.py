@@ -29,6 +29,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from matpo_jax import parallel
+from matpo_jax.model.kernel_sharding import kernel_mesh
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.model.remat import REMAT_POLICIES
 from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
@@ -156,9 +158,9 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
 
 @flax.struct.dataclass
 class TrainState:
-    params: Any  # nnx.State of the nnx.Param variables
+    params: Any  # nnx.State of the trained variables: every nnx.Param, or the LoRA adapters
     opt_state: Any
-    frozen: Any  # non-trainable model state (nnx.State, usually empty)
+    frozen: Any  # the rest of the model state (empty, or with LoRA the frozen base parameters)
     step: jax.Array  # train_step calls (RL steps)
     optimizer_steps: jax.Array  # optimizer updates applied
     skipped_steps: jax.Array  # updates skipped: non-finite loss, gradient or updated parameters
@@ -168,14 +170,14 @@ class TrainState:
 
 def state_shardings(state_shapes: TrainState, tx: optax.GradientTransformation, mesh: Mesh,
                     rules=None) -> TrainState:
-    """NamedShardings for every leaf: parameters by the partition rules, optimizer moments like
-    their parameter, counters and RNG replicated."""
+    """NamedShardings for every leaf: parameters (trained, or the frozen base of a LoRA run) by
+    the partition rules, optimizer moments like their parameter, counters and RNG replicated."""
     replicated = NamedSharding(mesh, P())
     param_sh = parallel.param_shardings(state_shapes.params, mesh, rules)
     opt_sh = optax.tree_map_params(tx, lambda _, sh: sh, state_shapes.opt_state, param_sh,
                                    transform_non_params=lambda _: replicated)
     return TrainState(params=param_sh, opt_state=opt_sh,
-                      frozen=jax.tree.map(lambda _: replicated, state_shapes.frozen),
+                      frozen=parallel.param_shardings(state_shapes.frozen, mesh, rules),
                       step=replicated, optimizer_steps=replicated, skipped_steps=replicated,
                       nonfinite_streak=replicated, rng=replicated)
 
@@ -192,8 +194,10 @@ def fresh_train_state(params, frozen, tx: optax.GradientTransformation, seed: in
 
 def init_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh, *,
                      rules=None, seed: int = 0):
-    """Splits the model and builds a sharded TrainState. Returns (graphdef, state, shardings)."""
-    graphdef, params, frozen = nnx.split(model, nnx.Param, ...)
+    """Splits the model and builds a sharded TrainState. Returns (graphdef, state, shardings).
+    A model with LoRA adapters trains the adapters alone: the base is frozen (no gradient, no
+    optimizer state, not in checkpoints)."""
+    graphdef, params, frozen = lora_lib.split_trainable(model)
     build = functools.partial(fresh_train_state, tx=tx, seed=seed)
     shardings = state_shardings(jax.eval_shape(build, params, frozen), tx, mesh, rules)
     state = jax.jit(build, out_shardings=shardings)(params, frozen)
@@ -213,6 +217,17 @@ def _split_rows(batch: PackedBatch, mini: int, micro: int, mesh: Mesh) -> Packed
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return jax.tree.map(split, batch)
+
+
+def _on_mesh(fn: Callable, mesh: Mesh) -> Callable:
+    """fn traced with `mesh` named as the program's mesh: attention kernels run per shard of it
+    (XLA does not partition a Pallas call) and `auto` resolves for its devices' platform."""
+    @functools.wraps(fn)
+    def traced(*args):
+        with kernel_mesh(mesh):
+            return fn(*args)
+
+    return traced
 
 
 def _tree_where(pred, on_true, on_false):
@@ -284,18 +299,21 @@ def make_gradient_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: T
         return loss, grads, loss_lib.finalize_metrics(sums)
 
     batch_sharding = parallel.batch_sharding(mesh)
-    jitted = jax.jit(grads_of, in_shardings=(shardings, batch_sharding))
+    jitted = jax.jit(_on_mesh(grads_of, mesh), in_shardings=(shardings, batch_sharding))
     return lambda state, batch: jitted(state, jax.device_put(batch, batch_sharding))
 
 
-def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: TrainState):
+def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: TrainState,
+                    adapters: bool = True):
     """(params, frozen, batch) -> numpy [rows, T] log-probs of the batch's tokens under `params`,
     computed as the loss computes them, at the loss mask's positions (0 elsewhere: the KL term and
     the rollout correction read no others), a micro-batch at a time like the train step. For the
     frozen reference policy of the KL term and the rollout correction's recomputed log-probs.
     Only the scored positions go through the output head, as in the train step
     (`logprobs.scored_next_token_logprobs`): the head and its log-softmax over every position cost
-    about as much as the decoder of this pass on a small model."""
+    about as much as the decoder of this pass on a small model.
+    adapters=False: every token with its LoRA adapter off (lora.ADAPTERS_OFF), i.e. the frozen
+    base of a LoRA model: the KL reference of a LoRA run, from the same parameter tree."""
     micro = config.micro_batches
 
     def logprobs(params, frozen, batch: PackedBatch):
@@ -310,7 +328,9 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
                 temperature=temperature, seq_block=config.logprob_seq_block,
                 vocab_block=config.logprob_vocab_block, scored=micro_batch.loss_mask != 0,
                 scored_capacity=loss_lib.scored_capacity(micro_batch.tokens.shape[1]),
-                prefix_ids=micro_batch.prefix_ids)[0]
+                prefix_ids=micro_batch.prefix_ids,
+                roles=(micro_batch.role_ids if adapters
+                       else jnp.full_like(micro_batch.role_ids, lora_lib.ADAPTERS_OFF)))[0]
 
         def one_unless_empty(micro_batch):
             return jax.lax.cond(jnp.any(micro_batch.segment_ids != 0), one,
@@ -321,7 +341,8 @@ def make_logprob_fn(graphdef, config: TrainStepConfig, mesh: Mesh, shardings: Tr
         return jnp.moveaxis(per_micro, 0, 1).reshape(batch.tokens.shape)
 
     batch_sharding = parallel.batch_sharding(mesh)
-    jitted = jax.jit(logprobs, in_shardings=(shardings.params, shardings.frozen, batch_sharding))
+    jitted = jax.jit(_on_mesh(logprobs, mesh),
+                     in_shardings=(shardings.params, shardings.frozen, batch_sharding))
 
     def run(params, frozen, batch: PackedBatch):
         batch = dataclasses.replace(batch, ref_logprobs=None, recomputed_logprobs=None)
@@ -401,7 +422,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, config: TrainSte
         return new_state, metrics
 
     batch_sharding = parallel.batch_sharding(mesh)
-    jitted = jax.jit(step, in_shardings=(shardings, batch_sharding),
+    jitted = jax.jit(_on_mesh(step, mesh), in_shardings=(shardings, batch_sharding),
                      out_shardings=(shardings, None), donate_argnums=0)
     multiple = config.row_multiple(mesh)
 

@@ -38,13 +38,19 @@ def built_model(cfg):
     """What build_model hands the model constructor / the HF loader (no weights are built)."""
     calls = []
     with mock.patch.object(runtime, "load_pretrained",
-                           lambda path, **kw: calls.append(("hf", path, kw["dtype"], kw["param_dtype"]))), \
+                           lambda path, **kw: calls.append(("hf", path, kw["dtype"], kw["param_dtype"],
+                                                                kw["attention"]))), \
             mock.patch.object(runtime, "CausalLM",
                               lambda config, rngs: calls.append(("fresh", config, rngs))), \
             mock.patch.object(runtime.nnx, "Rngs", lambda seed: ("rngs", seed)), \
             mock.patch.object(runtime.parallel, "shard_model", lambda model, mesh: model):
         runtime.build_model(cfg, mesh=None)
     return calls
+
+
+def lora_adapters(cfg):
+    """The adapters build_model gives the model (runtime.lora_config's translation)."""
+    return runtime.lora_config(cfg.model)
 
 
 def mesh_shape(cfg):
@@ -378,6 +384,10 @@ REACH: dict[str, Reach] = {
         "listing_fraction", "eval_examples")},
     "model.dtype": Reach(built_model),
     "model.param_dtype": Reach(built_model),
+    # A fresh model's DecoderConfig and the HF loader both receive model.attention.
+    "model.attention.train": Reach(built_model),
+    "model.attention.extend": Reach(built_model),
+    "model.attention.decode": Reach(built_model, None, {"model.hf_checkpoint": "/ckpt/qwen3"}),
     **{f"model.arch.{name}": Reach(built_model) for name in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "rope_theta",
         "rms_norm_eps", "tie_word_embeddings",
@@ -386,6 +396,10 @@ REACH: dict[str, Reach] = {
     "model.arch.num_key_value_heads": Reach(built_model, 1),
     "model.arch.head_dim": Reach(built_model, 32),
     "model.arch.family": Reach(built_model, "llama"),
+    "model.lora.rank": Reach(lora_adapters),
+    **{f"model.lora.{name}": Reach(lora_adapters, None, {"model.lora.rank": 4})
+       for name in ("alpha", "roles")},
+    "model.lora.targets": Reach(lora_adapters, ("q_proj", "v_proj"), {"model.lora.rank": 4}),
     "mesh.data": Reach(mesh_shape, 2),
     "mesh.fsdp": Reach(mesh_shape, 2, {"mesh.data": -1, "mesh.fsdp": 1}),
     "mesh.tensor": Reach(mesh_shape, 2),

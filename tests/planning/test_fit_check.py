@@ -97,3 +97,21 @@ def test_train_stops_before_any_work_with_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if "rollout.decode_slots" in line]
     assert len(lines) == 1 and "cannot fit" in lines[0] and "slots fit" in lines[0], done.stderr
     assert not (workdir / "config.json").exists()  # refused before the run wrote anything
+
+
+def test_with_lora_the_base_stays_resident_but_moments_and_gradients_are_the_adapters():
+    full = check_config_fits(tiny(decode_slots=32, data=1, fsdp=4, tensor=2), GIB)
+    c = load_config_file(TINY)
+    c.rollout.decode_slots = 32
+    c.mesh.update(data=1, fsdp=4, tensor=2)
+    c.model.lora.rank = 4
+    lora = check_config_fits(to_typed(c, check_files=False), GIB)
+    inputs = plan_inputs(to_typed(c, check_files=False))
+    _, adapters, base = step_plan.abstract_model(inputs.model, inputs.lora)
+    adapter_bytes = sum(math.prod(p.shape) * np.dtype(p.dtype).itemsize
+                        for p in jax.tree.leaves(adapters))
+    # The adapters are replicated: each chip holds them whole, beside its share of the base.
+    assert lora.parameters == full.parameters + adapter_bytes
+    assert lora.gradients == adapter_bytes < full.gradients
+    assert 2 * adapter_bytes <= lora.optimizer_state <= 2 * adapter_bytes + 64
+    assert lora.optimizer_state < full.optimizer_state / 4

@@ -76,6 +76,22 @@ def test_train_step_compiles_and_memory_adds_up(tiny_plan):
         train["model_flops"] / (4 * CHIPS["v5e"].peak_bf16_flops * 0.4))
 
 
+def test_auto_attention_resolves_for_the_tpu_and_the_plan_says_what_ran(tiny_plan):
+    # Planned from a CPU host, but for TPU chips: model.attention.train=auto is splash (per
+    # chip, under shard_map), decode has only xla; each step records what it traced.
+    assert CONFIG.attention_train == "auto" and jax.default_backend() == "cpu"
+    assert tiny_plan["train_step"]["attention"] == {"train": "splash"}
+    assert tiny_plan["decode_step"]["attention"] == {"decode": "xla"}
+    assert "attention splash" in "\n".join(step_plan.summary_lines(tiny_plan))
+    # The decode step's estimate from XLA's cost analysis (its layers are unrolled).
+    decode = tiny_plan["decode_step_fitting_slots"]
+    cost = decode["cost_analysis_per_chip"]
+    assert cost["bytes_accessed"] > 0 and cost["flops"] > 0
+    assert decode["step_time_s_estimate_cost_analysis"] == pytest.approx(max(
+        cost["flops"] / CHIPS["v5e"].peak_bf16_flops,
+        cost["bytes_accessed"] / CHIPS["v5e"].hbm_bandwidth))
+
+
 def test_decode_slots_that_do_not_fit_are_found_and_the_fitting_count_compiles(tiny_plan):
     decode = tiny_plan["decode_step"]
     # 128 slots x 2^23 tokens: K and V of 1 layer, 2 kv heads x 16, bfloat16, a quarter per chip.
@@ -108,10 +124,26 @@ def test_markdown_table_reads_the_plan(tiny_plan, tmp_path):
     assert "| v5e:2x2 | 1, 4, 1 | 4 x 128, 1 micro (full) |" in row
     assert row.count("**no**") == 1  # the train step fits, the configured decode batch does not
     assert np.isfinite(float(row.split("|")[5]))
+    assert row.split("|")[-2].strip() == short[-1].strip(" |") == "splash"  # attention (train)
     # The decode slots that do fit, compiled, on the row below.
     fitting = text.splitlines()[text.splitlines().index(row) + 1]
     assert fitting.startswith("| ... what fits") and "**no**" not in fitting
     assert f"| {plan['decode_step_fitting_slots']['slots']} x {2 ** 23} |" in fitting
+
+
+def test_markdown_sets_a_kernel_plan_beside_the_xla_plan_of_the_same_config(tiny_plan, tmp_path):
+    after = step_plan.as_json_ready(dict(tiny_plan, config="tiny.py"))
+    before = json.loads(json.dumps(after))
+    before["train_step"].pop("attention")  # a plan made before the plan recorded it: xla
+    before["train_step"]["memory_per_chip"]["peak"] += 2 ** 30
+    for name, plan in (("plan_tiny.json", before), ("plan_tiny_splash.json", after)):
+        (tmp_path / name).write_text(json.dumps(plan))
+    text = report.write_markdown(tmp_path).read_text()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| tiny.py | v5e:2x2 | xla (not recorded) -> splash |"))
+    peak = after["train_step"]["memory_per_chip"]["peak"]
+    assert f"| {(peak + 2 ** 30) / 2 ** 30:.2f} -> {peak / 2 ** 30:.2f} |" in row
+    assert "Decode step times estimated from XLA's cost analysis" in text
 
 
 def test_a_mesh_axis_that_splits_a_torus_axis_is_laid_out():
@@ -134,3 +166,26 @@ def test_a_one_chip_slice_is_laid_out():
     devices = topology.devices()
     assert len(devices) == 1 and devices[0].device_kind == "TPU v5 lite"
     assert len(parse_topology("v5e-8").devices()) == 8  # whole hosts: laid out as before
+
+
+def test_a_lora_train_step_compiles_with_the_base_frozen():
+    """Per-role LoRA: the train step compiles; the base is resident but only the adapters have
+    optimizer moments and a gradient accumulator."""
+    pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
+    from matpo_jax.model import lora as lora_lib
+    lora = lora_lib.LoRAConfig(rank=4, alpha=8.0, roles="per_role")
+    inputs = step_plan.PlanInputs(
+        model=CONFIG, mesh_shape=dict(data=1, fsdp=4, tensor=1), rows=4, row_length=128,
+        step=ts.TrainStepConfig(remat="full", scan_layers=True, loss=LOSS),
+        optimizer=ts.OptimizerConfig(), decode_slots=8, max_context=256, lora=lora)
+    plan = step_plan.make_plan(inputs, parse_topology("v5e:2x2"), decode=False)
+    memory = plan["train_step"]["memory_per_chip"]
+    _, adapters, base = step_plan.abstract_model(CONFIG, lora)
+    adapter_bytes = sum(4 * math.prod(p.shape) for p in jax.tree.leaves(adapters))  # replicated
+    base_bytes = sum(4 * math.prod(p.shape) // (4 if p.ndim >= 2 else 1)
+                     for p in jax.tree.leaves(base))
+    assert memory["compiled"] and plan["train_step"]["fits"]
+    assert memory["parameters"] == base_bytes + adapter_bytes
+    assert memory["gradients"] == adapter_bytes
+    assert 2 * adapter_bytes <= memory["optimizer_state"] <= 2 * adapter_bytes + 64
+    assert plan["model"]["trained_parameters"] * 4 == adapter_bytes

@@ -236,3 +236,23 @@ def test_the_tables_command_names_every_flag_that_shaped_the_runs():
                                     "model.hf_checkpoint=/w,pretrain.listing_fraction=0.3")
     assert shaped.endswith(" --ablation_seeds=1,2 --overrides="
                            "'model.hf_checkpoint=/w,pretrain.listing_fraction=0.3'")
+
+
+def test_lora_variants_train_their_adapters_in_their_own_sft_and_in_rl(tmp_path):
+    jobs = {j.name: j for j in reproduce.plan(
+        str(tmp_path), ["0.6"], ["0", "1"], ["matpo", "matpo_lora", "matpo_lora_per_role"],
+        ["0.6"], None, [])}
+    assert set(reproduce.LORA_VARIANTS) == {"matpo_lora", "matpo_lora_per_role"}
+    assert not set(reproduce.LORA_VARIANTS) & set(reproduce.ABLATIONS)
+    for variant in reproduce.LORA_VARIANTS:
+        runs = [jobs[f"sft_{variant}_noise0.6"]] + [jobs[f"{variant}_noise0.6_seed{s}"]
+                                                      for s in ("0", "1")]
+        for job in runs:
+            assert "--config.model.lora.rank=16" in job.command
+            per_role = "--config.model.lora.roles=per_role" in job.command
+            assert per_role == (variant == "matpo_lora_per_role")
+        start = [a for a in runs[1].command if a.startswith("--config.sft.init_checkpoint=")]
+        assert start == [f"--config.sft.init_checkpoint={tmp_path}/runs/sft_{variant}_noise0.6"
+                         "/checkpoints/sft"]
+    # full fine-tuning stays as it was
+    assert not any("model.lora" in a for a in jobs["matpo_noise0.6_seed0"].command)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
-from matpo_jax.config import ExperimentConfig, RLSection, SFTSection, ToolsSection, TrainSection
+from matpo_jax.config import (ExperimentConfig, ModelSection, RLSection, SFTSection, ToolsSection,
+                              TrainSection)
+from matpo_jax.config.sections import LoRASection
+from matpo_jax.model import lora as lora_lib
+from matpo_jax.parallel import make_mesh
 from matpo_jax.run import runtime
 from matpo_jax.trainer import step as step_lib
 
@@ -97,7 +102,32 @@ def test_the_config_offers_the_optimizers_the_trainer_builds():
         step_lib.make_optimizer(step_lib.OptimizerConfig(optimizer=name))
 
 
+def test_the_config_offers_the_attention_kernels_the_decoder_runs():
+    from matpo_jax.config import sections
+    from matpo_jax.model.config import ATTENTION_KERNELS
+    assert (sections.ATTENTION_TRAIN, sections.ATTENTION_EXTEND, sections.ATTENTION_DECODE) == (
+        ATTENTION_KERNELS["train"], ATTENTION_KERNELS["extend"], ATTENTION_KERNELS["decode"])
+    section = sections.AttentionSection(train="splash", extend="xla", decode="auto")
+    config = runtime.model_config(sections.ModelSection(attention=section))
+    assert (config.attention_train, config.attention_extend, config.attention_decode) == (
+        "splash", "xla", "auto")
+
+
 def test_the_config_offers_the_model_families_the_decoder_builds():
     from matpo_jax.config import sections
     from matpo_jax.model.config import FAMILIES
     assert sections.MODEL_FAMILIES == tuple(FAMILIES)
+
+
+def test_lora_is_off_by_default_and_built_over_the_model_when_on():
+    assert runtime.lora_config(ExperimentConfig().model) is None  # default: full fine-tuning
+    cfg = ExperimentConfig(model=ModelSection(lora=LoRASection(rank=2, alpha=4.0,
+                                                               roles="per_role")))
+    lora = runtime.lora_config(cfg.model)
+    assert (lora.rank, lora.alpha, lora.roles, lora.num_adapters) == (2, 4.0, "per_role", 2)
+    model = runtime.build_model(cfg, make_mesh(devices=jax.devices()[:1]))
+    assert lora_lib.lora_of(model) == lora
+    _, adapters, _ = lora_lib.split_trainable(model)
+    # every targeted projection of every layer, A and B
+    layers = cfg.model.arch.num_hidden_layers
+    assert len(jax.tree.leaves(adapters)) == 2 * len(lora.targets) * layers

@@ -3,7 +3,8 @@ each process packs its own questions' rollouts with the whole batch's totals (`m
 gather=...)`, as multihost.allgather supplies them) and the data-parallel all-reduce sums what
 every process computed. So the parts' losses and gradients must sum to the one-process batch's.
 A real 2-process run of the default rule is tests/run/test_multiprocess.py; this covers the rules
-it does not run, in seconds (docs/METHOD.md sections 4.5 and 5.1)."""
+it does not run, in seconds (docs/METHOD.md sections 4.5 and 5.1). Also with per-role LoRA
+adapters (docs/lora.md): the parts' adapter gradients sum to the whole batch's."""
 import jax
 import numpy as np
 import optax
@@ -15,6 +16,7 @@ from matpo_jax.rl import rewards
 from matpo_jax.rl.batch import matpo_batch
 from matpo_jax.trainer import step as ts
 from fixtures.losses import default_loss
+from fixtures.rl_batches import tiny_lora_model
 
 PACK_LEN, MICRO = 48, 2
 RULES = {  # name -> (loss options, rl.group_by)
@@ -51,11 +53,16 @@ def _loss_and_grads(model, batch, config):
     return float(loss), [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
 
 
+@pytest.fixture(scope="module", params=["full", "per_role_lora"])
+def model(request, tiny_model):
+    return tiny_model if request.param == "full" else tiny_lora_model("per_role")
+
+
 @pytest.mark.parametrize("name", list(RULES))
-def test_two_processes_parts_sum_to_the_one_process_step(name, scored, tiny_model):
+def test_two_processes_parts_sum_to_the_one_process_step(name, scored, model):
     rollouts, reward = scored
     whole, config = _batch(rollouts, reward, name)
-    whole_loss, whole_grads = _loss_and_grads(tiny_model, whole, config)
+    whole_loss, whole_grads = _loss_and_grads(model, whole, config)
     # Process p holds questions p and p + 2 (whole groups, as the question sharding does).
     parts = [[r for r in rollouts if r.query_index % 2 == p] for p in (0, 1)]
     part_rewards = [{r.rollout_id: reward[r.rollout_id] for r in part if r.rollout_id in reward}
@@ -68,7 +75,7 @@ def test_two_processes_parts_sum_to_the_one_process_step(name, scored, tiny_mode
     built = [_batch(part, part_reward, name, gather=lambda v: gathered)[0]
              for part, part_reward in zip(parts, part_rewards)]
     assert built[0].shape == built[1].shape  # every process steps the same shapes
-    results = [_loss_and_grads(tiny_model, batch, config) for batch in built]
+    results = [_loss_and_grads(model, batch, config) for batch in built]
     assert abs(whole_loss) > 1e-4  # a step that moves something
     np.testing.assert_allclose(sum(loss for loss, _ in results), whole_loss, rtol=1e-5)
     scale = max(float(np.abs(g).max()) for g in whole_grads)

@@ -36,6 +36,7 @@ from matpo_jax.data import musique
 from matpo_jax.data import world_assets as world_assets_lib
 from matpo_jax.report import files
 from matpo_jax.data import synthetic_world
+from matpo_jax.model import lora as lora_lib
 from matpo_jax.run.eval import failures
 from matpo_jax.run.eval import summary as summary_lib
 from matpo_jax.run.eval.benchmark import BenchmarkEvaluator
@@ -131,7 +132,8 @@ def restore_source(cfg, mesh, source: CheckpointSource):
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
                                                                  hf_checkpoint=source.path))
         return (*nnx.split(build_model(cfg, mesh)), None)
-    graphdef, params, frozen = nnx.split(build_model(cfg, mesh), nnx.Param, ...)
+    # With LoRA a checkpoint holds the adapters alone: they restore over the built base.
+    graphdef, params, frozen = lora_lib.split_trainable(build_model(cfg, mesh))
     step = None
     if source.path:
         with ckpt_lib.Checkpointer(source.path, async_save=False) as checkpoints:
