@@ -11,24 +11,11 @@ from matpo_jax.model import CausalLM
 from matpo_jax.model import lora as lora_lib
 from matpo_jax.sampler.host_protocol import SlotInjection
 from matpo_jax.sampler.loop import Sampling, run_slots
+from fixtures.profiled_host import ProfiledHost
 
 PROMPTS = [[4, 4, 1, 9], [60, 2, 33, 12, 5], [11, 3, 17]]
 ROLES = [0, 1, 1]  # a planner and two workers in one batch
 PROFILE_ROLES = (0, 1)  # profile p decodes with role p's adapter (as agents/rollout.py)
-
-
-class _RoleHost:
-    """The scripted tool host, each prompt's slot given its role as sampling profile."""
-
-    def __init__(self, host, roles):
-        self.host, self.roles = host, roles
-
-    def __call__(self, events):
-        injection = self.host(events)
-        for slot, seq in enumerate(self.host.slot_seq):
-            if seq is not None and injection.reset[slot]:
-                injection.profile[slot] = self.roles[seq]
-        return injection
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +33,7 @@ def _decode(per_role_model, scripted_host, shapes, indices):
     sampling = Sampling(temperature=1.0, max_turn_tokens=shapes.max_turn)
     host = scripted_host([PROMPTS[i] for i in indices], shapes.slots, turns=2,
                          streams=[10 + i for i in indices])
-    run_slots(state, graphdef, _RoleHost(host, [ROLES[i] for i in indices]), slots=shapes.slots,
+    run_slots(state, graphdef, ProfiledHost(host, [ROLES[i] for i in indices]), slots=shapes.slots,
               max_len=shapes.max_len, sampling=sampling, more_profiles=[(sampling, ())],
               profile_roles=PROFILE_ROLES, rng=jax.random.key(4))
     return host

@@ -17,6 +17,7 @@ from matpo_jax.trainer import logprobs as logprobs_lib
 from matpo_jax.trainer import loss as loss_lib
 from matpo_jax.trainer import packing
 from fixtures.losses import default_loss
+from fixtures.profiled_host import ProfiledHost
 
 PLANNER_T = 1.5
 PROMPTS = [[4, 4, 1], [60, 2, 33, 12, 5], [11, 3]]
@@ -43,27 +44,13 @@ def test_per_row_sampling_equals_each_profiles_own():
         sample_tokens_per_row(logits, keys, (Sampling(top_k=5), Sampling()), ids)
 
 
-class _ProfiledHost:
-    """The scripted host, each prompt's slot given its role's sampling profile."""
-
-    def __init__(self, host, roles):
-        self.host, self.roles = host, roles
-
-    def __call__(self, events):
-        injection = self.host(events)
-        for slot, seq in enumerate(self.host.slot_seq):
-            if seq is not None and injection.reset[slot]:
-                injection.profile[slot] = self.roles[seq]
-        return injection
-
-
 @pytest.fixture(scope="module")
 def mixed_batch(split_model, scripted_host, shapes, greedy_reference):
     graphdef, state = split_model
     # The worker's stop id: the first token it will pick greedily, so its first turn is 1 token.
     worker_stop = greedy_reference(PROMPTS[1], 1)[0]
     host = scripted_host(PROMPTS, shapes.slots, turns=2, streams=[10, 11, 12])
-    run_slots(state, graphdef, _ProfiledHost(host, ROLES), slots=shapes.slots,
+    run_slots(state, graphdef, ProfiledHost(host, ROLES), slots=shapes.slots,
               max_len=shapes.max_len,
               sampling=Sampling(temperature=PLANNER_T, max_turn_tokens=shapes.max_turn),
               more_profiles=[(Sampling(temperature=0.0, max_turn_tokens=shapes.max_turn),
