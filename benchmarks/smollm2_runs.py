@@ -5,6 +5,10 @@ interval and McNemar's p, per hop count, each phase's wall time, and the validat
     python benchmarks/smollm2_runs.py --runs=runs/smollm2_s0,runs/smollm2_s1,runs/smollm2_s2 \
         --out=benchmarks/results/smollm2_synthetic [--machine="Intel Xeon, 2 cores, shared"]
 
+Seeds past the first may start from the first's SFT (`sft.init_checkpoint`, its evaluation after
+SFT copied in: the same parameters, greedy), as the miniature reproduction's seeds do; their row
+says so and times only their own phases.
+
 Writes OUT.json, OUT.md and OUT_curve.png. Times come from the runs' own metrics (the SFT loop's
 first and last step, each RL step's logged time, the summary's write), so a resumed run's
 pause is left out only when it lies between two logged steps.
@@ -35,8 +39,12 @@ def _accuracy(evaluation: dict) -> dict:
 
 
 def _phase_times(run: Path) -> dict:
-    """Seconds of SFT, RL (rollouts + updates + periodic curves) and the two full evaluations."""
-    sft = [r["time"] for r in read_records(run / "sft" / "metrics.jsonl") if "time" in r]
+    """Seconds of SFT, RL (rollouts + updates + periodic curves) and the two full evaluations.
+    A seed that starts from another run's SFT (`sft.init_checkpoint`, its evaluation copied in)
+    has neither of its own: its time counts from its config's writing, the run's start."""
+    sft_log = run / "sft" / "metrics.jsonl"
+    sft = ([r["time"] for r in read_records(sft_log) if "time" in r]
+           if sft_log.exists() else [])
     rl = [r for r in read_records(run / "metrics.jsonl") if "time" in r]
     after_sft = (run / "eval" / "sft.json").stat().st_mtime
     # A record holding a full evaluation is logged at the step it follows, after its rollouts.
@@ -50,7 +58,11 @@ def _phase_times(run: Path) -> dict:
                [after_sft] + [r["time"] for r in rl_steps[:-1]], [r["time"] for r in rl_steps])],
            "update_s": [round(r["time_update_s"], 1) for r in rl_steps],
            "rollout_s": [round(r.get("time_rollout_s", float("nan")), 1) for r in rl_steps]}
-    out["total_s"] = (final - sft[0]) if sft else None
+    if not sft:  # a shared start: the copied evaluation's time is not this run's
+        start = (run / "config.json").stat().st_mtime
+        out["rl_s"] = rl_steps[-1]["time"] - start if rl_steps else None
+        out["rl_step_s"][:1] = [round(rl_steps[0]["time"] - start, 1)] if rl_steps else []
+    out["total_s"] = final - (sft[0] if sft else (run / "config.json").stat().st_mtime)
     return out
 
 
@@ -59,6 +71,7 @@ def summarise(run: Path) -> dict:
     gains = paired.compare(before, after, by="hops")
     config = _json(run / "config.json")
     return {"run": str(run), "seed": config["train"]["seed"],
+            "shared_start": config["sft"]["init_checkpoint"],
             "after_sft": _accuracy(_json(run / "eval" / "sft.json")),
             "after_matpo": _accuracy(_json(run / "eval" / "final.json")),
             "paired": {k: g.as_dict() for k, g in gains.items()},
@@ -68,6 +81,11 @@ def summarise(run: Path) -> dict:
             "times": _phase_times(run)}
 
 
+def _start_name(checkpoint: str) -> str:
+    """runs/x/checkpoints/sft -> x: the run whose SFT a seed starts from."""
+    return Path(checkpoint).parent.parent.name
+
+
 def markdown(rows: list[dict], machine: str, commit: str) -> str:
     head = ("| seed | after SFT | after MATPO | gain (95% interval) | wrong -> right / right -> "
             "wrong | McNemar p | 2 hops: SFT -> MATPO | run time | SFT / eval / RL / eval |")
@@ -75,14 +93,16 @@ def markdown(rows: list[dict], machine: str, commit: str) -> str:
     for r in rows:
         g, t = r["paired"]["all"], r["times"]
         two = r["paired"].get("hops=2")
-        phases = " / ".join(f"{(t[k] or 0) / 60:.0f}" for k in
+        phases = " / ".join("-" if t[k] is None else f"{t[k] / 60:.0f}" for k in
                             ("sft_s", "eval_after_sft_s", "rl_s", "final_eval_s"))
         lines.append(
             f"| {r['seed']} | {100 * g['before']:.1f}% | {100 * g['after']:.1f}% | "
             f"{100 * g['gain']:+.1f} ({100 * g['ci_low']:+.1f} to {100 * g['ci_high']:+.1f}) | "
             f"{g['wrong_to_right']} / {g['right_to_wrong']} | {g['mcnemar_p']:.2g} | "
             + (f"{100 * two['before']:.1f}% -> {100 * two['after']:.1f}%" if two else "-")
-            + f" | {(t['total_s'] or 0) / 60:.0f} min | {phases} min |")
+            + f" | {(t['total_s'] or 0) / 60:.0f} min | {phases} min"
+            + (" (the SFT start of " + _start_name(r["shared_start"]) + ")"
+               if r["shared_start"] else "") + " |")
     return (f"# MATPO from SmolLM2-135M-Instruct (configs/smollm2_synthetic.py)\n\n"
             f"Machine: {machine}. Commit {commit}, {time.strftime('%Y-%m-%d')}. "
             f"{rows[0]['paired']['all']['questions']} validation questions, greedy, exact match; "

@@ -65,7 +65,9 @@ def demonstrated_indices(cfg, num_records: int) -> np.ndarray:
     return numpy_rng(cfg.train.seed, 7).permutation(num_records)[: cfg.sft.num_demos]
 
 
-def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
+def sft_demonstrations(rt: Runtime) -> tuple[list, list]:
+    """The questions SFT demonstrates and the oracle's demonstrations of them, in the config's
+    ways of working (its tool calls answered by `rt.toolbox`)."""
     cfg = rt.cfg
     source = rt.assets.source(demonstration_split(cfg))
     order = demonstrated_indices(cfg, len(source))
@@ -82,7 +84,12 @@ def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
                     fact_style=cfg.data.fact_style,
                     single_states_facts=cfg.sft.single_states_facts,
                     report_fact_first=cfg.sft.report_fact_first)
-    demos = demonstrations(oracle, questions, config_lib.sft_modes(cfg))
+    return questions, demonstrations(oracle, questions, config_lib.sft_modes(cfg))
+
+
+def build_sft_sequences(rt: Runtime) -> list[packing.TrainSequence]:
+    cfg = rt.cfg
+    _, demos = sft_demonstrations(rt)
     seqs = demonstration_sequences(rt.chat, demos, min(cfg.rl.pack_len,
                                                        cfg.rollout.max_context))
     seqs = thin_workers(seqs, cfg.sft.worker_fraction, numpy_rng(cfg.train.seed, 17))

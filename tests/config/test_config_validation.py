@@ -360,3 +360,20 @@ def test_rollout_settings_reach_the_rollout_engine():
     # Never more than the per-turn cap (the sampler's turn buffer).
     small_turns = apply_overrides(cfg, "rollout.max_new_tokens_per_turn=24")
     assert rollout_config(to_typed(small_turns)).summary_tokens == 24
+
+
+def test_the_smollm2_comparison_gives_both_methods_one_budget():
+    """configs/smollm2_repro.py: MATPO and the single agent differ only in their way of working
+    (and the turns a single agent needs for every hop); the context, SFT, RL and question
+    stream are one budget, and the seed moves the question stream with the run."""
+    matpo, single = (load_config_file(CONFIGS / "smollm2_repro.py", f"mode={m},seed=2").to_dict()
+                     for m in ("matpo", "single"))
+    differing = {f"{section}.{key}" for section in matpo for key in matpo[section]
+                 if matpo[section][key] != single[section][key]}
+    assert differing == {"rollout.mode", "sft.modes", "rollout.max_turns_planner",
+                         "sft.worker_fraction"}
+    assert single["rollout"]["max_turns_planner"] == 2 * matpo["rollout"]["max_turns_worker"]
+    assert (matpo["train"]["seed"], matpo["data"]["shuffle_seed"], matpo["data"]["noise"]) == (
+        2, 2, 0.6)
+    base = load_config_file(CONFIGS / "smollm2_synthetic.py").to_dict()
+    assert matpo["model"] == base["model"] and matpo["rl"] == base["rl"]
