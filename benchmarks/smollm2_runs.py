@@ -58,11 +58,11 @@ def _phase_times(run: Path) -> dict:
                [after_sft] + [r["time"] for r in rl_steps[:-1]], [r["time"] for r in rl_steps])],
            "update_s": [round(r["time_update_s"], 1) for r in rl_steps],
            "rollout_s": [round(r.get("time_rollout_s", float("nan")), 1) for r in rl_steps]}
-    if not sft:  # a shared start: the copied evaluation's time is not this run's
-        start = (run / "config.json").stat().st_mtime
-        out["rl_s"] = rl_steps[-1]["time"] - start if rl_steps else None
-        out["rl_step_s"][:1] = [round(rl_steps[0]["time"] - start, 1)] if rl_steps else []
-    out["total_s"] = final - (sft[0] if sft else (run / "config.json").stat().st_mtime)
+    start = sft[0] if sft else (run / "config.json").stat().st_mtime
+    if not sft and rl_steps:  # a shared start: the copied evaluation's time is not this run's
+        out["rl_s"] = rl_steps[-1]["time"] - start
+        out["rl_step_s"][0] = round(rl_steps[0]["time"] - start, 1)
+    out["total_s"] = final - start
     return out
 
 

@@ -13,26 +13,15 @@ from matpo_jax.config import apply_overrides, to_typed
 from matpo_jax.config.files import load_config_file
 from matpo_jax.run import provenance
 from matpo_jax.trainer import checkpoint as ckpt_lib
+from test_end_to_end import TINY, shrink
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(REPO, "configs", "synthetic_tiny.py")
 LORA = "model.lora.rank=4,model.lora.alpha=8.0,model.lora.roles=per_role,rl.kl_coef=0.05"
 
 
 def overrides(data_dir: str, rl_steps: int) -> str:
-    """synthetic_tiny shrunk to seconds (the end-to-end tests' sizes), with per-role LoRA."""
-    return ",".join([
-        "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
-        "model.arch.num_hidden_layers=1", "model.arch.num_attention_heads=2",
-        "model.arch.num_key_value_heads=1", "model.arch.head_dim=16",
-        "data.num_entities=60", "data.num_questions=240", "data.max_hops=2", "data.batch_size=2",
-        f"data.data_dir={data_dir}",
-        "rollout.group_size=2", "rollout.max_new_tokens_per_turn=24", "rollout.max_turns_planner=2",
-        "rollout.max_turns_worker=2", "rollout.decode_slots=8",
-        "sft.steps=3", "sft.num_demos=16", "sft.batch_size=2", "sft.lr=3e-3", "rl.lr=3e-3",
-        f"train.steps={rl_steps}", "train.checkpoint_every=1", "train.eval_every=0",
-        "train.async_checkpointing=false", "eval.num_questions=2", LORA,
-    ])
+    """The end-to-end tests' tiny run, with per-role LoRA (3 SFT steps: no copy rehearsal)."""
+    return (shrink(data_dir, rl_steps) + ",sft.steps=3,sft.lr=3e-3,rl.lr=3e-3,"
+            "eval.num_questions=2," + LORA)
 
 
 @pytest.fixture(scope="module")
