@@ -101,6 +101,9 @@ class LoRASection(Section):
                                        choices=LORA_TARGETS)
     roles: str = setting("shared", "one adapter for every role, or one per role (planner, "
                          "worker) in the same batches", choices=LORA_ROLES)
+    base_dtype: str | None = setting(None, "dtype the frozen base is stored in (None: "
+                                     "model.param_dtype); bfloat16 halves a float32 base",
+                                     choices=DTYPES)
 
     def consistency_problems(self) -> list[str]:
         if self.rank and not self.targets:

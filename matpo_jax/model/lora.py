@@ -34,6 +34,7 @@ ROLE_MODES = ("shared", "per_role")
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ROLE_NAMES = ("planner", "worker")  # index = role id (agents.trajectory.ROLE_IDS)
 ADAPTERS_OFF = -1  # a role id that selects no adapter: the frozen base
+BASE_DTYPES = ("float32", "bfloat16")  # what the frozen base may be stored in
 
 
 class LoRAConfigError(ValueError):
@@ -48,6 +49,7 @@ class LoRAConfig:
     alpha: float
     targets: tuple[str, ...] = TARGETS
     roles: str = "shared"
+    base_dtype: str | None = None  # the frozen base's storage dtype (None: as built)
 
     def __post_init__(self):
         if self.rank < 1:
@@ -58,6 +60,9 @@ class LoRAConfig:
                                   f"{TARGETS} (and at least one)")
         if self.roles not in ROLE_MODES:
             raise LoRAConfigError(f"model.lora.roles={self.roles!r}: expected one of {ROLE_MODES}")
+        if self.base_dtype is not None and self.base_dtype not in BASE_DTYPES:
+            raise LoRAConfigError(f"model.lora.base_dtype={self.base_dtype!r}: expected one of "
+                                  f"{BASE_DTYPES} (or None: the model's param_dtype)")
 
     @property
     def num_adapters(self) -> int:
@@ -82,7 +87,8 @@ class LoRAWeight(nnx.Variable):
 
 def add_adapters(model, lora: LoRAConfig, seed: int = 0):
     """Gives every targeted projection of `model` (a CausalLM) `lora.num_adapters` adapters, in
-    place: A ~ N(0, 1/in) (each adapter its own draw), B = 0. Returns the model."""
+    place: A ~ N(0, 1/in) (each adapter its own draw), B = 0; with `lora.base_dtype`, stores the
+    base's parameters in that dtype (the adapters stay in param_dtype). Returns the model."""
     config = model.config
     keys = iter(jax.random.split(jax.random.key(seed), len(TARGETS) * len(model.layers)))
     param_dtype = jnp.dtype(config.param_dtype)
@@ -98,6 +104,14 @@ def add_adapters(model, lora: LoRAConfig, seed: int = 0):
                 linear.lora_a = LoRAWeight(a.astype(param_dtype))
                 linear.lora_b = LoRAWeight(jnp.zeros((lora.num_adapters, lora.rank, fan_out),
                                                      param_dtype))
+    if lora.base_dtype:
+        # The base is frozen, so it needs no float32 master copy: the forward casts every
+        # parameter to the compute dtype at use, so with compute in base_dtype the logits are
+        # the same bits, at half a float32 base's memory.
+        base_dtype = jnp.dtype(lora.base_dtype)
+        nnx.update(model, jax.tree.map(
+            lambda x: x.astype(base_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+            nnx.state(model, nnx.Param)))
     model.lora = lora
     return model
 

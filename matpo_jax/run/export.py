@@ -210,7 +210,8 @@ def lora_config(run_cfg) -> lora_lib.LoRAConfig | None:
     if lora is None or not lora.rank:
         return None
     return lora_lib.LoRAConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets),
-                               roles=lora.roles)
+                               roles=lora.roles,  # base_dtype: None in runs from before it
+                               base_dtype=lora.base_dtype if "base_dtype" in lora.keys() else None)
 
 
 def restore_adapters(run_cfg, config: DecoderConfig, lora: lora_lib.LoRAConfig,

@@ -72,7 +72,7 @@ def lora_config(model: ModelSection) -> lora_lib.LoRAConfig | None:
     if not lora.rank:
         return None
     return lora_lib.LoRAConfig(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets),
-                               roles=lora.roles)
+                               roles=lora.roles, base_dtype=lora.base_dtype)
 
 
 def build_model(cfg: ExperimentConfig, mesh) -> CausalLM:

@@ -400,6 +400,7 @@ REACH: dict[str, Reach] = {
     **{f"model.lora.{name}": Reach(lora_adapters, None, {"model.lora.rank": 4})
        for name in ("alpha", "roles")},
     "model.lora.targets": Reach(lora_adapters, ("q_proj", "v_proj"), {"model.lora.rank": 4}),
+    "model.lora.base_dtype": Reach(lora_adapters, "bfloat16", {"model.lora.rank": 4}),
     "mesh.data": Reach(mesh_shape, 2),
     "mesh.fsdp": Reach(mesh_shape, 2, {"mesh.data": -1, "mesh.fsdp": 1}),
     "mesh.tensor": Reach(mesh_shape, 2),

@@ -1,6 +1,7 @@
 """LoRA adapters on the decoder (model/lora.py): fresh adapters and adapters off are the base
 bit for bit; a packed row mixing roles gives each token its own role's adapter; the KV-cache
 path applies each row's adapter as the full forward does; bad settings name the field."""
+import dataclasses
 import re
 
 import jax
@@ -18,11 +19,13 @@ CONFIG = DecoderConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8)
 
 
-def adapted_model(roles="per_role", seed=0, targets=lora_lib.TARGETS):
+def adapted_model(roles="per_role", seed=0, targets=lora_lib.TARGETS, config=CONFIG,
+                  base_dtype=None):
     """A tiny model with adapters whose B is random (fresh ones would change nothing)."""
-    model = CausalLM(CONFIG, rngs=nnx.Rngs(0))
+    model = CausalLM(config, rngs=nnx.Rngs(0))
     lora_lib.add_adapters(model, lora_lib.LoRAConfig(rank=4, alpha=8.0, targets=targets,
-                                                     roles=roles), seed=seed)
+                                                     roles=roles, base_dtype=base_dtype),
+                          seed=seed)
     graphdef, adapters, base = lora_lib.split_trainable(model)
     keys = iter(jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(adapters))))
     adapters = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), adapters)
@@ -100,6 +103,34 @@ def test_cached_extend_and_decode_apply_each_rows_adapter():
     np.testing.assert_allclose(np.asarray(last), full[:, 9], rtol=1e-5, atol=1e-5)
 
 
+def test_a_bfloat16_base_under_bfloat16_compute_is_the_float32_base_bit_for_bit():
+    config = dataclasses.replace(CONFIG, dtype="bfloat16")
+    wide, narrow = adapted_model(config=config), adapted_model(config=config,
+                                                                base_dtype="bfloat16")
+    _, wide_adapters, wide_base = lora_lib.split_trainable(wide)
+    _, narrow_adapters, narrow_base = lora_lib.split_trainable(narrow)
+    assert {x.dtype for x in jax.tree.leaves(wide_base)} == {jnp.dtype(jnp.float32)}
+    assert {x.dtype for x in jax.tree.leaves(narrow_base)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(narrow_adapters)} == {jnp.dtype(jnp.float32)}
+    x = tokens(2, 10, seed=5)
+    roles = jnp.broadcast_to(jnp.asarray([1, 0])[:, None], x.shape)
+    np.testing.assert_array_equal(np.asarray(narrow(x, roles=roles), np.float32),
+                                  np.asarray(wide(x, roles=roles), np.float32))
+    # The adapters' gradients too (what the train step uses), and the cached decode path.
+    def loss(graphdef, base):
+        return lambda adapters: nnx.merge(graphdef, adapters, base)(
+            x, roles=roles).astype(jnp.float32).std()
+    for grad_wide, grad_narrow in zip(
+            jax.tree.leaves(jax.grad(loss(*lora_lib.split_trainable(wide)[::2]))(wide_adapters)),
+            jax.tree.leaves(jax.grad(loss(*lora_lib.split_trainable(narrow)[::2]))(
+                narrow_adapters))):
+        np.testing.assert_array_equal(np.asarray(grad_narrow), np.asarray(grad_wide))
+    caches = [init_cache(config, 2, 16) for _ in range(2)]
+    (a, _), (b, _) = [m.extend(x, jnp.asarray([10, 10]), c, jnp.asarray([1, 0]))
+                      for m, c in zip((wide, narrow), caches)]
+    np.testing.assert_array_equal(np.asarray(b, np.float32), np.asarray(a, np.float32))
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(lora_lib.LoRAConfigError, match="model.lora.rank"):
         lora_lib.LoRAConfig(rank=0, alpha=1.0)
@@ -107,8 +138,11 @@ def test_bad_settings_name_the_field():
         lora_lib.LoRAConfig(rank=2, alpha=1.0, targets=("qkv",))
     with pytest.raises(lora_lib.LoRAConfigError, match="model.lora.roles"):
         lora_lib.LoRAConfig(rank=2, alpha=1.0, roles="each")
+    with pytest.raises(lora_lib.LoRAConfigError, match="model.lora.base_dtype"):
+        lora_lib.LoRAConfig(rank=2, alpha=1.0, base_dtype="int8")
 
 
 def test_config_choices_equal_the_model_modules():
     assert sections.LORA_TARGETS == lora_lib.TARGETS
     assert sections.LORA_ROLES == lora_lib.ROLE_MODES
+    assert sections.DTYPES == lora_lib.BASE_DTYPES

@@ -115,3 +115,9 @@ def test_with_lora_the_base_stays_resident_but_moments_and_gradients_are_the_ada
     assert lora.gradients == adapter_bytes < full.gradients
     assert 2 * adapter_bytes <= lora.optimizer_state <= 2 * adapter_bytes + 64
     assert lora.optimizer_state < full.optimizer_state / 4
+    # A bfloat16 base (model.lora.base_dtype) holds half a float32 base's bytes; the adapters
+    # and everything they need stay as they were.
+    c.model.lora.base_dtype = "bfloat16"
+    narrow = check_config_fits(to_typed(c, check_files=False), GIB)
+    assert narrow.parameters - adapter_bytes == full.parameters // 2
+    assert (narrow.gradients, narrow.optimizer_state) == (lora.gradients, lora.optimizer_state)

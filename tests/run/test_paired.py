@@ -104,3 +104,27 @@ def test_demo_prints_the_paired_gain_of_its_two_evaluations(tmp_path):
     line = paired_line(str(eval_dir))
     assert line.startswith("gain +25.0 points over the same 4 questions")
     assert "2 wrong -> right, 1 right -> wrong, McNemar p = 1" in line
+
+
+def test_seed_mean_gain_averages_each_question_over_seeds_first(tmp_path):
+    # Two seeds from one start: question 0 gained on both, question 1 on one, question 2 lost on
+    # one, question 3 right throughout.
+    start = write_results(tmp_path / "start", [0, 0, 1, 1])
+    seed0 = write_results(tmp_path / "s0", [1, 1, 1, 1])
+    seed1 = write_results(tmp_path / "s1", [1, 0, 0, 1])
+    g = paired.seed_mean_gain([(start, seed0), (start, seed1)])
+    diff = np.array([1.0, 0.5, -0.5, 0.0])  # per question, after averaged over the seeds
+    half = 1.959964 * diff.std(ddof=1) / math.sqrt(4)
+    assert g.questions == 4 and g.before == pytest.approx(0.5) and g.after == pytest.approx(0.75)
+    assert (g.gain, g.ci_low, g.ci_high) == pytest.approx((0.25, 0.25 - half, 0.25 + half),
+                                                          abs=1e-6)
+    assert g.mcnemar_p is None  # fractional scores
+    # One seed alone is the ordinary paired comparison, McNemar included.
+    assert paired.seed_mean_gain([(start, seed0)]) == paired.compare(start, seed0)["all"]
+
+
+def test_seed_mean_gain_refuses_seeds_on_other_questions(tmp_path):
+    start = write_results(tmp_path / "start", [0, 1, 1])
+    short = write_results(tmp_path / "short", [1, 1])
+    with pytest.raises(paired.PairedError, match="short"):
+        paired.seed_mean_gain([(start, start), (start, short)])

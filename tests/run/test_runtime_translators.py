@@ -131,3 +131,9 @@ def test_lora_is_off_by_default_and_built_over_the_model_when_on():
     # every targeted projection of every layer, A and B
     layers = cfg.model.arch.num_hidden_layers
     assert len(jax.tree.leaves(adapters)) == 2 * len(lora.targets) * layers
+    # model.lora.base_dtype reaches the model: a bfloat16 base under float32 adapters.
+    cfg = ExperimentConfig(model=ModelSection(lora=LoRASection(rank=2, base_dtype="bfloat16")))
+    model = runtime.build_model(cfg, make_mesh(devices=jax.devices()[:1]))
+    _, adapters, base = lora_lib.split_trainable(model)
+    assert {x.dtype.name for x in jax.tree.leaves(base)} == {"bfloat16"}
+    assert {x.dtype.name for x in jax.tree.leaves(adapters)} == {"float32"}
