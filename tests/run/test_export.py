@@ -120,3 +120,13 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no config.json in it or its parents" in err
     assert export_cli.main(["export", f"--out={tmp_path / 'out'}"]) == 2  # --checkpoint missing
+
+
+def test_a_runs_lora_settings_are_read_back_with_or_without_base_dtype(tmp_path):
+    from matpo_jax.run import export as export_lib
+    lora = {"rank": 4, "alpha": 8.0, "targets": ["q_proj"], "roles": "per_role"}
+    for saved, expected in ((lora, None), ({**lora, "base_dtype": "bfloat16"}, "bfloat16")):
+        (tmp_path / "config.json").write_text(json.dumps({"model": {"lora": saved}}))
+        read = export_lib.lora_config(export_lib.load_run_config(str(tmp_path)))
+        assert (read.rank, read.roles, read.targets, read.base_dtype) == (
+            4, "per_role", ("q_proj",), expected)

@@ -95,24 +95,29 @@ def paired_gain(before: Mapping[str, float], after: Mapping[str, float]) -> Pair
                       wrong_to_right=c, mcnemar_p=mcnemar_exact_p(b, c) if binary else None)
 
 
+def results_path(given: str | Path) -> Path:
+    """A result-lines file, or the results.jsonl of a directory given instead."""
+    return Path(given) / RESULTS_FILE if Path(given).is_dir() else Path(given)
+
+
 def seed_mean_gain(pairs: Sequence[tuple[str | Path, str | Path]]) -> PairedGain:
     """The gain over several seeds' runs of the same questions, each question's score on each side
     averaged over the seeds first: the interval then spans the questions (200 differences, not
     600), so a question that three seeds share counts once, and the seeds' disagreement on it is
     part of its difference. With fractional scores there is no McNemar test."""
+    if not pairs:
+        raise PairedError("no seeds to compare")
     before: dict[str, list[float]] = {}
     after: dict[str, list[float]] = {}
     for before_path, after_path in pairs:
         for given, into in ((before_path, before), (after_path, after)):
-            path = Path(given) / RESULTS_FILE if Path(given).is_dir() else Path(given)
+            path = results_path(given)
             scores = question_scores(read_results(str(path)), str(path))
             if into and set(scores) != set(into):
                 raise PairedError(f"{path}: not the questions of the first seed's file "
                                   f"({len(set(scores) ^ set(into))} differ)")
             for qid, score in scores.items():
                 into.setdefault(qid, []).append(score)
-    if not pairs:
-        raise PairedError("no seeds to compare")
     return paired_gain({q: float(np.mean(v)) for q, v in before.items()},
                        {q: float(np.mean(v)) for q, v in after.items()})
 
@@ -129,7 +134,7 @@ def compare(before_path: str | Path, after_path: str | Path, by: str | None = No
     or directories holding a results.jsonl)."""
     sides = []
     for given in (before_path, after_path):
-        path = Path(given) / RESULTS_FILE if Path(given).is_dir() else Path(given)
+        path = results_path(given)
         results = read_results(str(path))
         if not results:
             raise PairedError(f"{path}: no result lines")
