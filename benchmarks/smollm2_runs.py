@@ -33,13 +33,13 @@ def _json(path: Path) -> dict:
         return json.load(f)
 
 
-def _accuracy(evaluation: dict) -> dict:
+def accuracy(evaluation: dict) -> dict:
     return {"all": evaluation["eval/accuracy"],
             **{f"hops={h}": evaluation[f"eval/accuracy_hop{h}"] for h in (1, 2)
                if f"eval/accuracy_hop{h}" in evaluation}}
 
 
-def _phase_times(run: Path) -> dict:
+def phase_times(run: Path) -> dict:
     """Seconds of SFT, RL (rollouts + updates + periodic curves) and the two full evaluations.
     A seed that starts from another run's SFT (`sft.init_checkpoint`, its evaluation copied in)
     has neither of its own: its time counts from its config's writing, the run's start."""
@@ -67,19 +67,25 @@ def _phase_times(run: Path) -> dict:
     return out
 
 
+def phase_minutes(times: dict) -> str:
+    """"14 / 18 / 37 / 19": SFT, evaluation after it, RL, final evaluation (- where not run)."""
+    return " / ".join("-" if times[k] is None else f"{times[k] / 60:.0f}" for k in
+                      ("sft_s", "eval_after_sft_s", "rl_s", "final_eval_s"))
+
+
 def summarise(run: Path) -> dict:
     before, after = run / "eval" / "sft_questions.jsonl", run / "eval" / "final_questions.jsonl"
     gains = paired.compare(before, after, by="hops")
     config = _json(run / "config.json")
     return {"run": str(run), "seed": config["train"]["seed"],
             "shared_start": config["sft"]["init_checkpoint"],
-            "after_sft": _accuracy(_json(run / "eval" / "sft.json")),
-            "after_matpo": _accuracy(_json(run / "eval" / "final.json")),
+            "after_sft": accuracy(_json(run / "eval" / "sft.json")),
+            "after_matpo": accuracy(_json(run / "eval" / "final.json")),
             "paired": {k: g.as_dict() for k, g in gains.items()},
             "paired_table": paired.markdown_table(gains),
             "planner_calls_after": _json(run / "eval" / "final.json").get(
                 "eval/worker_calls_per_question"),
-            "times": _phase_times(run)}
+            "times": phase_times(run)}
 
 
 def _start_name(checkpoint: str) -> str:
@@ -94,14 +100,12 @@ def markdown(rows: list[dict], machine: str, commit: str, over_seeds: dict | Non
     for r in rows:
         g, t = r["paired"]["all"], r["times"]
         two = r["paired"].get("hops=2")
-        phases = " / ".join("-" if t[k] is None else f"{t[k] / 60:.0f}" for k in
-                            ("sft_s", "eval_after_sft_s", "rl_s", "final_eval_s"))
         lines.append(
             f"| {r['seed']} | {100 * g['before']:.1f}% | {100 * g['after']:.1f}% | "
             f"{100 * g['gain']:+.1f} ({100 * g['ci_low']:+.1f} to {100 * g['ci_high']:+.1f}) | "
             f"{g['wrong_to_right']} / {g['right_to_wrong']} | {g['mcnemar_p']:.2g} | "
             + (f"{100 * two['before']:.1f}% -> {100 * two['after']:.1f}%" if two else "-")
-            + f" | {(t['total_s'] or 0) / 60:.0f} min | {phases} min"
+            + f" | {(t['total_s'] or 0) / 60:.0f} min | {phase_minutes(t)} min"
             + (" (the SFT start of " + _start_name(r["shared_start"]) + ")"
                if r["shared_start"] else "") + " |")
     if over_seeds:

@@ -172,7 +172,8 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
             prefix_rows=prefix_rows, more_profiles=more_profiles,
             # a slot's profile is its role: with LoRA, the role's adapter decodes it
             profile_roles=PROFILE_ROLES,
-            prefix_roles=[PROFILE_ROLES[p] for p in engine.scheduler.prefix_profiles])
+            prefix_roles=[PROFILE_ROLES[p] for p in engine.scheduler.prefix_profiles],
+            paged=cfg.paged_cache)
     finally:  # calls the engine stopped waiting for are not waited for here either
         pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
     engine.check_all_finished()

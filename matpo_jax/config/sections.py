@@ -19,7 +19,7 @@ MODEL_FAMILIES = ("qwen3", "llama", "qwen2")  # model/config.py's FAMILIES; a te
 # model/config.py's ATTENTION_KERNELS (per path); a test keeps them equal.
 ATTENTION_TRAIN = ("auto", "xla", "splash", "cudnn", "pallas_gpu")
 ATTENTION_EXTEND = ("auto", "xla")
-ATTENTION_DECODE = ("auto", "xla")
+ATTENTION_DECODE = ("auto", "xla", "paged_tpu")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 # The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
 PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
@@ -84,8 +84,9 @@ class AttentionSection(Section):
                          choices=ATTENTION_TRAIN)
     extend: str = setting("auto", "multi-token extend / prefill over the KV cache",
                           choices=ATTENTION_EXTEND)
-    decode: str = setting("auto", "one-token decode steps over the KV cache",
-                          choices=ATTENTION_DECODE)
+    decode: str = setting("auto", "one-token decode steps over the KV cache (paged_tpu: the TPU "
+                          "kernel over rollout.kv_cache=paged; with the dense cache it runs xla "
+                          "and logs so)", choices=ATTENTION_DECODE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +218,15 @@ class RolloutSection(Section):
     # in the demo, the same tokens); a large one per pass.
     injection_lanes: int = setting(0, "rows one injection extend writes together (0: an eighth "
                                    "of decode_slots)", range=NON_NEGATIVE)
+    # Paged: the cache's memory follows the tokens in flight and prefixes are shared by page
+    # (model/paged_cache.py, docs/attention_kernels.md); on a TPU its decode steps can run the
+    # paged kernel (model.attention.decode). The same tokens as dense, greedy.
+    kv_cache: str = setting("dense", "the decode batch's KV cache: dense (decode_slots x "
+                            "max_context) or paged (one device so far)", choices=("dense", "paged"))
+    kv_page_size: int = setting(64, "tokens per page of a paged KV cache (max_context must be a "
+                                "multiple)", range=AT_LEAST_ONE)
+    kv_pages: int = setting(0, "pages in a paged KV cache's pool (0: room for every slot and "
+                            "prompt prefix at max_context)", range=NON_NEGATIVE)
     # Off: prefill every prompt in full.
     reuse_prefixes: bool = setting(True, "compute each role's system turn (and each question's "
                                    "prompt, shared by its G samples) once per batch")
@@ -278,7 +288,19 @@ class RolloutSection(Section):
             if value is not None and value >= self.max_context:
                 problems.append(f"rollout.{name} = {value}: must be < rollout.max_context = "
                                 f"{self.max_context}")
+        if self.kv_cache == "paged" and self.max_context % self.kv_page_size:
+            problems.append(f"rollout.max_context = {self.max_context}: must be a multiple of "
+                            f"rollout.kv_page_size = {self.kv_page_size} with "
+                            f"rollout.kv_cache = paged")
         return problems
+
+    @property
+    def paged_cache(self):
+        """The sampler's PagedCache, or None for the dense cache."""
+        if self.kv_cache != "paged":
+            return None
+        from matpo_jax.sampler.loop import PagedCache
+        return PagedCache(page_size=self.kv_page_size, num_pages=self.kv_pages)
 
 
 # ------------------------------------------------------------------------------------------- chat

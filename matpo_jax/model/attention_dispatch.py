@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from matpo_jax.model.cached_attention import blocked_cached_attention, cached_attention
-from matpo_jax.model import kernel_sharding
+from matpo_jax.model import kernel_sharding, paged_cache
 from matpo_jax.model.config import ATTENTION_KERNELS
 from matpo_jax.model.packed_attention import packed_attention
 
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # What "auto" runs for packed training rows on each backend (others: "xla").
 AUTO_TRAIN = {"tpu": "splash", "gpu": "cudnn"}
+# What "auto" runs for one-token decode steps over a paged cache (others: "xla").
+AUTO_PAGED_DECODE = {"tpu": "paged_tpu"}
 # The backend each training kernel is compiled for (elsewhere: Pallas interpret mode, or none).
 KERNEL_BACKEND = {"splash": "tpu", "cudnn": "gpu", "pallas_gpu": "gpu"}
 PALLAS_KERNELS = ("splash", "pallas_gpu")
@@ -193,5 +195,46 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     """One-token decode over the heads-major cache (cached_attention's contract). Only "xla"
     exists so far (see docs/attention_kernels.md)."""
     _check("decode", choice)
+    if choice == "paged_tpu":
+        _note("model.attention.decode=paged_tpu: the kernel reads a paged KV cache and this "
+              "cache is dense (rollout.kv_cache=paged pages it); running xla")
     _record(AttentionUse("decode", "xla", False, False, tuple(q.shape)))
     return cached_attention(q, k, v, mask)
+
+
+def plan_paged_decode(choice: str, backend: str | None = None) -> tuple[str, bool, str | None]:
+    """(implementation, interpret, note) of a one-token decode step over a paged cache."""
+    _check("decode", choice)
+    backend = backend or jax.default_backend()
+    name = AUTO_PAGED_DECODE.get(backend, "xla") if choice == "auto" else choice
+    if name == "xla" or backend == "tpu":
+        return name, False, None
+    return name, True, (f"model.attention.decode={name}: a tpu kernel on {backend}: running it "
+                        "in Pallas interpret mode (correct, slow)")
+
+
+def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, view,
+                    extend_choice: str, decode_choice: str) -> jax.Array:
+    """New queries q [B, T, H, D] over a layer's pages (k_pages, v_pages [K, N, P, D], the new
+    tokens already written) and a `paged_cache.PagedView` -> [B, T, H * D]. A one-token decode
+    step may run the TPU paged kernel; multi-token extends run the XLA reference (the ragged
+    kernel is not wired: docs/attention_kernels.md)."""
+    batch, length, heads, head_dim = q.shape
+    if length == 1:
+        name, interpret, note = plan_paged_decode(decode_choice,
+                                                  kernel_sharding.mesh_platform(
+                                                      kernel_sharding.current_mesh()))
+        _note(note)
+        if name == "paged_tpu":
+            from matpo_jax.model.paged_attention import tpu_paged_decode_attention
+            _record(AttentionUse("decode", name, interpret, False, tuple(q.shape)))
+            # Rows that write nothing this step (inactive slots) still attend their own pages.
+            out = tpu_paged_decode_attention(q[:, 0], k_pages, v_pages, view.page_table,
+                                             view.lengths, interpret=interpret)
+            return out.reshape(batch, 1, heads * head_dim)
+        _record(AttentionUse("decode", "xla", False, False, tuple(q.shape)))
+    else:
+        _check("extend", extend_choice)
+        _record(AttentionUse("extend", "xla", False, False, tuple(q.shape)))
+    return paged_cache.paged_attention_reference(q, k_pages, v_pages, view.page_table,
+                                                 view.lengths, view.positions)

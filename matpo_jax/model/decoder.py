@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from matpo_jax.model import attention_dispatch
+from matpo_jax.model import paged_cache
 from matpo_jax.model.cached_attention import (  # noqa: F401  (re-exported)
     blocked_cached_attention, cached_attention)
 from matpo_jax.model import lora as lora_lib
@@ -158,7 +159,8 @@ class Attention(nnx.Module):
         steps) or a tuple (positions [B, T], lengths [B]) for `blocked_cached_attention`
         (multi-token extends); the new keys and values are first scattered into slots
         `write_slots` [B, T] (out of range = dropped) and the updated (k, v) is returned
-        alongside."""
+        alongside. With a paged cache, `layer_cache` is the layer's (k, v) pages and `mask` a
+        `paged_cache.PagedView` (the pages are written, then attended)."""
         batch, length, _ = x.shape
         q = lora_lib.project(self.q_proj, x, select).reshape(batch, length, self.num_heads,
                                                              self.head_dim)
@@ -170,6 +172,12 @@ class Attention(nnx.Module):
         if self.qk_norm:  # Qwen3 normalises each head before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if isinstance(mask, paged_cache.PagedView):  # a paged cache: write the pages, attend
+            k, v = paged_cache.write(*layer_cache, mask.page_table, mask.positions, k, v,
+                                     mask.num_valid)
+            out = attention_dispatch.paged_attention(q, k, v, mask, self.attention_extend,
+                                                     self.attention_decode)
+            return lora_lib.project(self.o_proj, out, select), (k, v)
         if layer_cache is not None:
             k_cache, v_cache = layer_cache
             rows = jnp.arange(batch)[:, None, None]
@@ -311,13 +319,22 @@ class CausalLM(nnx.Module):
         hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
         return self.logits_from_hidden(hidden), cache
 
-    def extend_hidden(self, tokens, num_valid, cache: KVCache, roles=None):
-        """`extend` before the output projection: (normalised hidden [B, T, hidden], cache)."""
+    def extend_hidden(self, tokens, num_valid, cache, roles=None):
+        """`extend` before the output projection: (normalised hidden [B, T, hidden], cache).
+        `cache` is a dense KVCache or a paged_cache.PagedKVCache (pages reserved for the new
+        tokens first; a row that cannot get them sets the cache's `overflow`)."""
         batch, length = tokens.shape
         num_valid = num_valid.astype(jnp.int32)
         offsets = jnp.arange(length, dtype=jnp.int32)[None, :]
         positions = cache.lengths[:, None] + offsets
         new_lengths = cache.lengths + num_valid
+        if isinstance(cache, paged_cache.PagedKVCache):
+            cache = paged_cache.reserve(cache, new_lengths)
+            view = paged_cache.PagedView(cache.page_table, positions, new_lengths, num_valid)
+            hidden, layers = self._layers(tokens, positions, view, cache, roles)
+            return self.norm(hidden), paged_cache.advance(
+                cache._replace(k=tuple(k for k, _ in layers), v=tuple(v for _, v in layers)),
+                new_lengths)
         # Padding tokens target slot max_len, which mode="drop" discards.
         write_slots = jnp.where(offsets < num_valid[:, None], positions, cache.max_len)
         if length == 1:  # decode: dense attention over the cache is cheapest
@@ -326,21 +343,29 @@ class CausalLM(nnx.Module):
         else:  # longer extends only read the filled part of the cache (blocked, online softmax)
             mask = (positions, new_lengths)
 
+        hidden, layers = self._layers(tokens, positions, mask, cache, roles, write_slots)
+        return self.norm(hidden), KVCache(tuple(k for k, _ in layers),
+                                          tuple(v for _, v in layers), new_lengths)
+
+    def _layers(self, tokens, positions, mask, cache, roles, write_slots=None):
+        """Runs every layer over the new tokens: (hidden, [(k, v) per layer])."""
+        batch, length = tokens.shape
         hidden = self.embed_tokens(tokens)
         rope = rope_tables(positions, rope_frequencies(self.config))
         select = lora_lib.role_selector(
             self, None if roles is None else jnp.asarray(roles)[:, None], (batch, length),
             hidden.dtype)
-        new_k, new_v = [], []
+        layers = []
         for layer, k_layer, v_layer in zip(self.layers, cache.k, cache.v):
-            hidden, (k_layer, v_layer) = layer(hidden, rope, mask, (k_layer, v_layer), write_slots,
-                                               select)
-            new_k.append(k_layer)
-            new_v.append(v_layer)
-        return self.norm(hidden), KVCache(tuple(new_k), tuple(new_v), new_lengths)
+            hidden, kv = layer(hidden, rope, mask, (k_layer, v_layer), write_slots, select)
+            layers.append(kv)
+        return hidden, layers
 
     def prefill(self, tokens, lengths, cache: KVCache, roles=None):
         """Resets every row to length 0 and writes tokens[b, :lengths[b]]."""
+        if isinstance(cache, paged_cache.PagedKVCache):  # every row's pages back first
+            return self.extend(tokens, lengths, paged_cache.release(
+                cache, jnp.ones_like(cache.lengths, bool)), roles)
         return self.extend(tokens, lengths, cache._replace(lengths=jnp.zeros_like(cache.lengths)),
                            roles)
 

@@ -10,6 +10,6 @@ from matpo_jax.sampler.host_protocol import (STOP_CACHE_FULL, STOP_EOS, STOP_IM_
                                              STOP_REASON_NAMES, STOP_TOOL_CALL, STOP_TURN_CAP,
                                              SlotEvents, SlotHost, SlotInjection, SlotLoopStats,
                                              SlotProtocolError, chat_stop_ids)
-from matpo_jax.sampler.loop import (default_buckets, default_lanes, generate, mesh_of,
-                                    normalize_buckets, run_slots)
+from matpo_jax.sampler.loop import (PagedCache, default_buckets, default_lanes, generate,
+                                    mesh_of, normalize_buckets, run_slots)
 from matpo_jax.sampler.ops import Sampling, SamplingConfigError

@@ -48,6 +48,7 @@ from flax import nnx
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from matpo_jax.model import paged_cache
 from matpo_jax.model.decoder import KVCache, init_cache
 from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
@@ -58,11 +59,22 @@ from matpo_jax.sampler.host_protocol import (STOP_CACHE_FULL, STOP_NONE, STOP_TU
 from matpo_jax.sampler.host_transfer import flat_widths, pack_rows
 from matpo_jax.sampler.ops import (ProfileValues, Sampling, Truncation, draw_keys,
                                    profile_settings, sample_with_profiles)
-from matpo_jax.sampler.writes import (PrefixStore, build_prefix_store, copy_prefixes, inject,
-                                      prefix_store_shape)
+from matpo_jax.sampler.writes import (PrefixStore, build_paged_prefix_store, build_prefix_store,
+                                      copy_prefixes, inject, prefix_store_shape, share_prefixes)
 
-__all__ = ["Sampling", "default_buckets", "default_lanes", "normalize_buckets", "mesh_of",
-           "run_slots", "generate"]
+__all__ = ["Sampling", "PagedCache", "default_buckets", "default_lanes", "normalize_buckets",
+           "mesh_of", "run_slots", "generate"]
+
+
+class PagedCache(NamedTuple):
+    """The loop's KV cache as pages (model/paged_cache.py) instead of slots x max_len: pages of
+    `page_size` tokens (max_len must be a multiple), a pool of `num_pages` shared by the slots
+    and the prompt prefixes (0: enough for every slot and prefix at max_len, never short)."""
+    page_size: int = 64
+    num_pages: int = 0
+
+    def pool(self, slots: int, prefix_rows: int, max_len: int) -> int:
+        return self.num_pages or (slots + prefix_rows) * (max_len // self.page_size)
 
 def default_buckets(max_len: int) -> tuple[int, ...]:
     """Static injection widths: a short tool response pays for a 16- or 64-token extend. Anything
@@ -90,7 +102,7 @@ def default_lanes(slots: int) -> int:
 
 
 class _LoopState(NamedTuple):
-    cache: KVCache
+    cache: KVCache  # or paged_cache.PagedKVCache
     logits: jax.Array  # float32[B, V]: next-token logits of each slot
     active: jax.Array  # bool[B]
     stopped: jax.Array  # bool[B]: stopped since the last host call
@@ -182,10 +194,15 @@ def _host_round(model, s: _LoopState, session_id, buckets, lanes: int, max_len: 
     chosen = jnp.sum(jnp.asarray(widths) < jnp.sum(counts))
     num, reset, active, prefix, turn_cap, stream, profile, done = jax.lax.switch(
         chosen, [call_host_with(width) for width in widths], None)
-    cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
     logits = s.logits
-    if store is not None:
-        cache, logits = copy_prefixes(cache, logits, store, prefix)
+    if isinstance(s.cache, paged_cache.PagedKVCache):  # reset slots give their pages back
+        cache = paged_cache.release(s.cache, reset)
+        if store is not None:
+            cache, logits = share_prefixes(cache, logits, store, prefix)
+    else:
+        cache = s.cache._replace(lengths=jnp.where(reset, 0, s.cache.lengths))
+        if store is not None:
+            cache, logits = copy_prefixes(cache, logits, store, prefix)
     num = jnp.minimum(num, max_len - cache.lengths)  # the host checks this; never write past the end
     # The profile a slot decodes with from now on; its role picks the injection's adapter too.
     profile = jnp.where(profile >= 0, profile, s.profile)
@@ -234,10 +251,10 @@ def _replication(mesh: Mesh | None):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "slots", "max_len", "max_turn", "buckets", "lanes", "truncation", "stop_tables",
-    "mesh"))
+    "mesh", "paged"))
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
                prefix_lengths, profiles, prefix_roles=None, profile_roles=None, *, slots, max_len,
-               max_turn, buckets, lanes, truncation, stop_tables, mesh=None):
+               max_turn, buckets, lanes, truncation, stop_tables, mesh=None, paged=None):
     model = nnx.merge(graphdef, model_state)
     # Role ids (LoRA adapters) of the prefixes and the sampling profiles; None: role 0.
     if prefix_roles is None:
@@ -247,13 +264,24 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
     config = model.config
     constrain, replicated = _state_constraint(mesh), _replication(mesh)
     store = None
-    if prefix_tokens.shape[0]:
-        store = build_prefix_store(model, prefix_tokens, prefix_lengths, buckets, prefix_roles)
-        if mesh is not None:
-            store = PrefixStore(jax.lax.with_sharding_constraint(
-                store.cache, cache_shardings(store.cache, mesh)), store.logits)
+    if paged is None:
+        cache = init_cache(config, slots, max_len)
+        if prefix_tokens.shape[0]:
+            store = build_prefix_store(model, prefix_tokens, prefix_lengths, buckets,
+                                       prefix_roles)
+            if mesh is not None:
+                store = PrefixStore(jax.lax.with_sharding_constraint(
+                    store.cache, cache_shardings(store.cache, mesh)), store.logits)
+    else:
+        cache = paged_cache.init_paged_cache(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim, slots,
+            max_len, paged.pool(slots, prefix_tokens.shape[0], max_len), paged.page_size,
+            config.dtype)
+        if prefix_tokens.shape[0]:
+            cache, store = build_paged_prefix_store(model, cache, prefix_tokens, prefix_lengths,
+                                                    buckets, prefix_roles)
     state = constrain(_LoopState(
-        cache=init_cache(config, slots, max_len),
+        cache=cache,
         logits=jnp.zeros((slots, config.vocab_size), jnp.float32),
         active=jnp.zeros((slots,), bool), stopped=jnp.zeros((slots,), bool),
         stop_reason=jnp.zeros((slots,), jnp.int32),
@@ -267,7 +295,9 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
         done=jnp.bool_(False)))
 
     def under_limits(s):
-        return (s.decode_steps < max_steps) & (s.host_calls < max_host_calls)
+        # A paged cache out of pages stops the loop (run_slots then raises).
+        within = (s.decode_steps < max_steps) & (s.host_calls < max_host_calls)
+        return within & ~s.cache.overflow if paged is not None else within
 
     def decode_until_a_stop(s):
         return jax.lax.while_loop(
@@ -280,7 +310,8 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
                                                profile_roles, store, constrain, replicated))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
-    return final.decode_steps, final.host_calls, final.sampled_tokens, final.done
+    overflow = final.cache.overflow if paged is not None else jnp.bool_(False)
+    return final.decode_steps, final.host_calls, final.sampled_tokens, final.done, overflow
 
 
 def mesh_of(model_state) -> Mesh | None:
@@ -302,7 +333,8 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
               max_host_calls: int = 1 << 30, mesh: Mesh | None = None,
               more_profiles: Sequence[tuple[Sampling, Mapping[int, int] | Sequence[int]]] = (),
               profile_roles: Sequence[int] | None = None,
-              prefix_roles: Sequence[int] | None = None) -> SlotLoopStats:
+              prefix_roles: Sequence[int] | None = None,
+              paged: PagedCache | None = None) -> SlotLoopStats:
     """Runs the slot loop until the host answers done (or a safety cap is hit).
 
     model_state, graphdef: `nnx.split(model)`. max_turn: the per-turn token cap and the width of
@@ -327,6 +359,9 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     extends every slot with its profile's role's adapter (agents/rollout.py gives planners profile
     0 and workers 1, their role ids). prefix_roles: the role id of each of `prefixes` (default 0),
     whose keys and values are computed with that role's adapter. Both are operands: no recompile.
+    paged: keep the KV cache in pages (`PagedCache`; None: the dense slots x max_len cache):
+    memory by the tokens in flight, prefixes shared by page instead of copied. A pool that runs
+    short stops the loop and raises SlotProtocolError. One device only so far.
     All results reach the host through SlotEvents; this returns counters and the bytes each host
     round moved."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
@@ -337,6 +372,13 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     if lanes <= 0:
         raise SlotProtocolError(f"lanes must be a positive row count, got {lanes}")
     mesh = mesh_of(model_state) if mesh is None else mesh
+    if paged is not None:
+        if max_len % paged.page_size:
+            raise SlotProtocolError(f"a paged KV cache needs max_len ({max_len}) to be a multiple "
+                                    f"of its page size ({paged.page_size})")
+        if mesh is not None:
+            raise SlotProtocolError("a paged KV cache runs on one device so far; this model is "
+                                    "sharded over a mesh (use the dense cache)")
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len, prefix_rows)
     prefix_role_ids = np.zeros(prefix_tokens.shape[0], np.int32)
@@ -366,10 +408,15 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
                               jnp.asarray(profile_role_ids), slots=slots,
                               max_len=max_len, max_turn=max_turn, buckets=buckets,
                               lanes=lanes, truncation=truncation, stop_tables=stop_tables,
-                              mesh=mesh)
-        decode_steps, host_calls, sampled, done = jax.device_get(counters)
+                              mesh=mesh, paged=paged)
+        decode_steps, host_calls, sampled, done, overflow = jax.device_get(counters)
     if session.error is not None:
         raise session.error
+    if overflow:
+        pool = paged.pool(slots, prefix_tokens.shape[0], max_len)
+        raise SlotProtocolError(f"the paged KV cache ran out of pages: {pool} pages of "
+                                f"{paged.page_size} tokens could not hold the tokens in flight "
+                                f"(rollout.kv_pages; 0 sizes the pool for every slot at max_len)")
     return SlotLoopStats(int(decode_steps), int(host_calls), int(sampled), not bool(done),
                          tuple(tuple(r) for r in session.traffic.rounds))
 
@@ -430,14 +477,14 @@ class _PromptQueueHost:
 def generate(model_state, graphdef, prompts: Sequence[Sequence[int]], max_new_tokens: int,
              sampling: Sampling = Sampling(), stop_ids: Mapping[int, int] | Sequence[int] = (),
              rng=None, *, slots: int | None = None, max_len: int | None = None,
-             length_multiple: int = 128, mesh: Mesh | None = None
-             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+             length_multiple: int = 128, mesh: Mesh | None = None,
+             paged: PagedCache | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Batched generation over the slot loop: (tokens, logprobs) sampled after each prompt.
 
     Each prompt gets one turn of at most max_new_tokens, ending at a stop id. slots defaults to
     all prompts at once (fewer slots queue the rest); max_len defaults to the longest prompt +
     max_new_tokens rounded up to length_multiple, so similar batches share one compilation.
-    mesh: as run_slots'.
+    mesh, paged: as run_slots'.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise SlotProtocolError("prompts must be a non-empty list of non-empty token lists")
@@ -450,5 +497,6 @@ def generate(model_state, graphdef, prompts: Sequence[Sequence[int]], max_new_to
     host = _PromptQueueHost(prompts, slots)
     # lanes=slots: the first host call fills every slot at once, as one extend of all rows.
     run_slots(model_state, graphdef, host, slots=slots, max_len=max_len, max_turn=max_new_tokens,
-              sampling=sampling, stop_ids=stop_ids, rng=rng, lanes=slots, mesh=mesh)
+              sampling=sampling, stop_ids=stop_ids, rng=rng, lanes=slots, mesh=mesh,
+              paged=paged)
     return host.tokens, host.logprobs

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from matpo_jax.model import paged_cache
 from matpo_jax.model.decoder import KVCache, init_cache
 
 
@@ -181,3 +182,43 @@ def copy_prefixes(cache: KVCache, logits, store: PrefixStore, prefix):
     cache, logits, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2]), copy_one,
                                           (cache, logits, prefix >= 0))
     return cache, logits
+
+
+# ----------------------------------------------------------------------------- shared prefixes, paged
+
+
+class PagedPrefixStore(NamedTuple):
+    """P token prefixes held in the loop's own page pool: their page tables (pinned: no slot's
+    release frees them), lengths and the next-token logits after each."""
+
+    page_table: jax.Array  # int32[P, pages_per_row]
+    lengths: jax.Array  # int32[P]
+    logits: jax.Array  # float32[P, V]
+
+
+def build_paged_prefix_store(model, cache: paged_cache.PagedKVCache, tokens, lengths, buckets,
+                             roles=None):
+    """(cache, store): the prefixes tokens [P, W] written into pages of `cache`'s pool by the same
+    bucketed extends as `build_prefix_store`, their tables kept aside in the store."""
+    rows, width = tokens.shape
+    aside = cache._replace(page_table=jnp.full((rows, cache.pages_per_row), cache.num_pages,
+                                               jnp.int32),
+                           lengths=jnp.zeros((rows,), jnp.int32))
+    logits = jnp.zeros((rows, model.config.vocab_size), jnp.float32)
+    aside, logits = inject(model, aside, logits, array_reader(tokens), lengths,
+                           prefix_store_buckets(buckets, width), lanes=1, max_num=width,
+                           roles=roles)
+    store = PagedPrefixStore(aside.page_table, aside.lengths, logits)
+    return aside._replace(page_table=cache.page_table, lengths=cache.lengths), store
+
+
+def share_prefixes(cache: paged_cache.PagedKVCache, logits, store: PagedPrefixStore, prefix):
+    """`copy_prefixes` over pages: every slot b with prefix[b] >= 0 takes store row prefix[b]'s
+    full pages by reference and a copy of its partial last page (`paged_cache.share_pages`), its
+    length and its next-token logits; all slots at once."""
+    slots = prefix.shape[0]
+    starting = prefix >= 0
+    row = jnp.maximum(prefix, 0)
+    dst = jnp.where(starting, jnp.arange(slots), slots)  # slots: out of range, skipped
+    cache = paged_cache.share_pages(cache, store.page_table[row], dst, store.lengths[row])
+    return cache, jnp.where(starting[:, None], store.logits[row], logits)

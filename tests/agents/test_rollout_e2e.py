@@ -181,6 +181,30 @@ def test_injection_lanes_change_the_work_not_the_tokens(policy, toolbox, batch, 
     assert narrow.metrics["extend_positions"] == batch.metrics["extend_positions"]
 
 
+def test_a_paged_kv_cache_changes_no_token(batch, rollout, monkeypatch):
+    """rollout.kv_cache=paged: the batch decodes over pages (prefixes shared by page) with the
+    same tokens and log-probs (greedy); kv_page_size and kv_pages reach the sampler."""
+    paged = rollout([ADA.question, PAIR.question], group_size=2, kv_cache="paged",
+                    kv_page_size=16)
+    for a, b in zip(paged.rollouts, batch.rollouts):
+        assert (a.tokens, a.trainable, a.finish_reason) == (b.tokens, b.trainable, b.finish_reason)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+    class Seen(Exception):
+        pass
+
+    def record(*args, **kwargs):
+        raise Seen(kwargs["paged"])
+
+    monkeypatch.setattr(rollout_lib.sampler, "run_slots", record)
+    with pytest.raises(Seen) as seen:
+        rollout([ADA.question], kv_cache="paged", kv_page_size=32, kv_pages=100)
+    assert seen.value.args[0] == rollout_lib.sampler.PagedCache(page_size=32, num_pages=100)
+    with pytest.raises(Seen) as seen:
+        rollout([ADA.question])
+    assert seen.value.args[0] is None  # the default: the dense cache
+
+
 def test_async_tools_change_no_token(batch, rollout):
     """Tool calls in the background: each waiting worker gives up its slot and comes back when
     its result is in; the trajectories are the same (greedy), only the slot traffic differs."""

@@ -128,3 +128,35 @@ def test_seed_mean_gain_refuses_seeds_on_other_questions(tmp_path):
     short = write_results(tmp_path / "short", [1, 1])
     with pytest.raises(paired.PairedError, match="short"):
         paired.seed_mean_gain([(start, start), (start, short)])
+
+
+def test_gain_difference_is_one_methods_gain_minus_the_others_per_question(tmp_path):
+    # Method a (e.g. MATPO) and method b (a single agent) on the same 6 questions, each before and
+    # after its own RL.
+    a_before = write_results(tmp_path / "a0", [1, 0, 0, 1, 0, 1])
+    a_after = write_results(tmp_path / "a1", [1, 1, 1, 1, 0, 1])
+    b_before = write_results(tmp_path / "b0", [0, 0, 1, 1, 0, 0])
+    b_after = write_results(tmp_path / "b1", [0, 1, 0, 1, 0, 0])
+    g = paired.gain_difference((a_before, a_after), (b_before, b_after))
+    gap_before = np.array([1, 0, -1, 0, 0, 1])
+    gap_after = np.array([1, 0, 1, 0, 0, 1])
+    diff = gap_after - gap_before
+    half = 1.959964 * diff.std(ddof=1) / math.sqrt(6)
+    assert g.questions == 6
+    assert (g.before, g.after) == pytest.approx((gap_before.mean(), gap_after.mean()))
+    # a gained 2/6, b gained 0: all of the gap's growth is a's training.
+    a_gain = paired.compare(a_before, a_after)["all"].gain
+    b_gain = paired.compare(b_before, b_after)["all"].gain
+    assert g.gain == pytest.approx(a_gain - b_gain) and g.gain == pytest.approx(2 / 6)
+    assert (g.ci_low, g.ci_high) == pytest.approx((2 / 6 - half, 2 / 6 + half), abs=1e-6)
+    # Gaps are not 0/1 scores, even when no question's gap is negative.
+    assert g.mcnemar_p is None and g.right_to_wrong is None
+    same = paired.gain_difference((a_before, a_after), (a_before, a_after))
+    assert (same.gain, same.ci_low, same.ci_high) == (0.0, 0.0, 0.0)
+
+
+def test_gain_difference_names_the_evaluation_on_other_questions(tmp_path):
+    full = write_results(tmp_path / "full", [0, 1, 1])
+    short = write_results(tmp_path / "short", [1, 1])
+    with pytest.raises(paired.PairedError, match="b's after"):
+        paired.gain_difference((full, full), (full, short))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from matpo_jax.sampler.host_protocol import SlotInjection, SlotProtocolError
-from matpo_jax.sampler.loop import run_slots
+from matpo_jax.sampler.loop import PagedCache, run_slots
 from matpo_jax.sampler.writes import extend_width, prefix_store_shape
 
 SYSTEM = [50, 51, 52, 53, 54, 55, 56, 57, 58]  # a "system prompt" every sequence starts with
@@ -34,8 +34,11 @@ def prefixed_host(scripted_host):
     return PrefixedHost
 
 
+# The dense cache, and pages of 4 tokens (prefixes of 9 and 13 tokens end mid-page: their full
+# pages are shared, the partial one copied) in a pool with room for every slot and prefix.
+@pytest.mark.parametrize("paged", [None, PagedCache(page_size=4)], ids=["dense", "paged"])
 def test_prefix_started_slots_match_full_recompute(
-        split_model, full_logits, greedy_reference, scripted_host, shapes, greedy):
+        split_model, full_logits, greedy_reference, scripted_host, shapes, greedy, paged):
     graphdef, state = split_model
     # Five sequences through three slots (so prefixes also start re-used slots): a question
     # prompt exactly (nothing left to write), question + suffix, system + suffixes of two
@@ -45,7 +48,7 @@ def test_prefix_started_slots_match_full_recompute(
     chunk = [7, 8, 9, 10, 11, 12, 13]
     host = prefixed_host(scripted_host)(prompts, shapes.slots, chunk=chunk, turns=2)
     run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len, sampling=greedy,
-              prefixes=host.prefixes)
+              prefixes=host.prefixes, paged=paged)
     assert sorted(host.hits) == sorted([len(QUESTION)] * 2 + [len(SYSTEM)] * 2)
     for index, prompt in enumerate(prompts):
         first = greedy_reference(prompt, shapes.max_turn)

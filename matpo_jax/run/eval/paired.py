@@ -122,6 +122,32 @@ def seed_mean_gain(pairs: Sequence[tuple[str | Path, str | Path]]) -> PairedGain
                        {q: float(np.mean(v)) for q, v in after.items()})
 
 
+def _scores(given: str | Path) -> dict[str, float]:
+    path = results_path(given)
+    return question_scores(read_results(str(path)), str(path))
+
+
+def gain_difference(a: tuple[str | Path, str | Path], b: tuple[str | Path, str | Path]
+                    ) -> PairedGain:
+    """How much more method a's training gained than method b's on the same questions, each given
+    as (before, after) evaluations: per question, the gap a - b before and after, paired. Its
+    `before` / `after` are the mean gaps, its `gain` is a's gain minus b's (the share of the final
+    gap that the training between the two evaluations produced, not the start), and its interval
+    spans the questions. The gaps take values in {-1, 0, 1}: no McNemar test."""
+    (a_before, a_after), (b_before, b_after) = [(_scores(x), _scores(y)) for x, y in (a, b)]
+    ids = set(a_before)
+    for name, scores in (("a's after", a_after), ("b's before", b_before),
+                         ("b's after", b_after)):
+        if set(scores) != ids:
+            raise PairedError(f"{name}: not the questions of a's before "
+                              f"({len(set(scores) ^ ids)} differ)")
+    gap_before = {q: a_before[q] - b_before[q] for q in ids}
+    gap_after = {q: a_after[q] - b_after[q] for q in ids}
+    # The gaps are not 0/1 scores, so paired_gain gives no McNemar counts; say so explicitly.
+    return dataclasses.replace(paired_gain(gap_before, gap_after), right_to_wrong=None,
+                               wrong_to_right=None, mcnemar_p=None)
+
+
 def categories_of(results: Sequence[dict], by: str) -> dict[str, str]:
     """{question id: its value of category `by`} (e.g. hops -> "1"); questions without it: "-"."""
     return {r["id"]: ",".join(map(str, (r.get("categories") or {}).get(by) or ["-"]))

@@ -1,0 +1,151 @@
+"""The decoder's cached generation over a paged KV cache (model/paged_cache.py) against the dense
+cache: ragged prefills, extends and greedy decode steps give the same logits and tokens; the
+TPU paged kernel (model.attention.decode=paged_tpu, Pallas interpret mode here) decodes like the
+XLA path on the same bfloat16 cache; a dense cache asked for the kernel says it runs xla."""
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from matpo_jax.model import CausalLM, DecoderConfig, attention_dispatch, init_cache
+from matpo_jax.model import paged_cache as pc
+
+CONFIG = DecoderConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+ROWS, MAX_LEN, PAGE = 3, 48, 4
+
+
+def paged(config, num_pages=30, dtype=jnp.float32, seed=0):
+    cache = pc.init_paged_cache(config.num_hidden_layers, config.num_key_value_heads,
+                                config.head_dim, ROWS, MAX_LEN, num_pages, PAGE, dtype)
+    order = np.random.default_rng(seed).permutation(num_pages).astype(np.int32)
+    return cache._replace(free=jnp.asarray(order))  # pages handed out out of order
+
+
+def prompts(seed=0):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.integers(1, CONFIG.vocab_size, (ROWS, 11)), jnp.int32),
+            jnp.asarray([5, 11, 2], jnp.int32))
+
+
+def jitted(model, method):
+    """model.<method> as one jitted program (eager calls of a 2-layer model cost more than
+    compiling it once)."""
+    graphdef, state = nnx.split(model)
+    call = jax.jit(lambda state, *args: getattr(nnx.merge(graphdef, state), method)(*args))
+    return lambda *args: call(state, *args)
+
+
+def generate(model, cache, steps=10):
+    """Prefill, a ragged extend, then greedy decode steps (row 1 idle every third step):
+    the logits of every call and the tokens chosen."""
+    prefill, extend_last, decode = (jitted(model, m) for m in ("prefill", "extend_last", "decode"))
+    tokens, lengths = prompts()
+    logits, cache = prefill(tokens, lengths, cache)
+    seen = [np.asarray(logits[jnp.arange(ROWS), lengths - 1])]
+    extra, _ = prompts(seed=1)
+    logits, cache = extend_last(extra[:, :4], jnp.asarray([4, 1, 3]), cache)
+    seen.append(np.asarray(logits))
+    chosen = []
+    for step in range(steps):
+        next_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        active = jnp.asarray([True, step % 3 != 0, True])
+        logits, cache = decode(next_tokens, cache, active)
+        seen.append(np.asarray(logits)[np.asarray(active)])
+        chosen.append(np.asarray(next_tokens))
+    return seen, np.stack(chosen), cache
+
+
+def test_paged_cache_generates_the_dense_caches_logits_and_tokens():
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(0))
+    dense_logits, dense_tokens, dense = generate(model, init_cache(CONFIG, ROWS, MAX_LEN))
+    paged_logits, paged_tokens, cache = generate(model, paged(CONFIG))
+    np.testing.assert_array_equal(paged_tokens, dense_tokens)
+    for a, b in zip(paged_logits, dense_logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cache.lengths, dense.lengths)
+    # The pool holds the tokens written, page by page, not rows x MAX_LEN.
+    assert int(pc.pages_in_use(cache)) == int(np.sum(-(-np.asarray(cache.lengths) // PAGE)))
+    assert not bool(cache.overflow)
+    # A new prefill gives every row's pages back before writing.
+    tokens, lengths = prompts(seed=2)
+    _, again = model.prefill(tokens, lengths, cache)
+    assert int(pc.pages_in_use(again)) == int(np.sum(-(-np.asarray(lengths) // PAGE)))
+
+
+def test_jitted_decode_over_pages_matches_eager():
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(1))
+    tokens, lengths = prompts()
+    _, cache = model.prefill(tokens, lengths, paged(CONFIG))
+    active = jnp.ones((ROWS,), bool)
+    jitted_logits, jitted_cache = jitted(model, "decode")(tokens[:, 0], cache, active)
+    eager_logits, eager_cache = model.decode(tokens[:, 0], cache, active)
+    np.testing.assert_allclose(jitted_logits, eager_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(jitted_cache.page_table, eager_cache.page_table)
+
+
+def test_tpu_paged_kernel_decodes_like_xla_on_the_same_bfloat16_cache():
+    # The kernel loads K/V as bfloat16: with a bfloat16 cache both paths read the same values.
+    config = dataclasses.replace(CONFIG, num_attention_heads=2, num_key_value_heads=1,
+                                 head_dim=128, hidden_size=64)
+    model = CausalLM(config, rngs=nnx.Rngs(2))
+    kernel_model = CausalLM(dataclasses.replace(config, attention_decode="paged_tpu"),
+                            rngs=nnx.Rngs(2))
+    tokens, lengths = prompts()
+    _, cache = model.prefill(tokens, lengths, paged(config, dtype=jnp.bfloat16))
+    step_tokens = tokens[:, 0]
+    active = jnp.ones((ROWS,), bool)
+    with attention_dispatch.record() as uses:
+        got, got_cache = kernel_model.decode(step_tokens, cache, active)
+    assert attention_dispatch.implementations(uses) == {"decode": "paged_tpu (interpret)"}
+    expected, expected_cache = model.decode(step_tokens, cache, active)
+    # The XLA path rounds the softmax weights to the cache's bfloat16 before the value product
+    # (as the dense path does); the kernel keeps them in float32: ~2^-8 relative on each weight.
+    # (The kernel alone equals the reference to 2e-5 on the same inputs: test_paged_cache.py.)
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
+    np.testing.assert_array_equal(jnp.argmax(got, -1), jnp.argmax(expected, -1))
+    # The new token's keys went to the same pages (layer 0's are the same bits: no attention
+    # lies before them).
+    np.testing.assert_array_equal(got_cache.page_table, expected_cache.page_table)
+    np.testing.assert_array_equal(np.asarray(got_cache.k[0], np.float32),
+                                  np.asarray(expected_cache.k[0], np.float32))
+
+
+def test_a_dense_cache_asked_for_the_paged_kernel_says_it_runs_xla(caplog):
+    config = dataclasses.replace(CONFIG, attention_decode="paged_tpu")
+    model = CausalLM(config, rngs=nnx.Rngs(0))
+    reference = CausalLM(CONFIG, rngs=nnx.Rngs(0))
+    tokens, lengths = prompts()
+    _, cache = reference.prefill(tokens, lengths, init_cache(CONFIG, ROWS, MAX_LEN))
+    attention_dispatch._logged.clear()
+    with caplog.at_level(logging.WARNING), attention_dispatch.record() as uses:
+        got, _ = model.decode(tokens[:, 0], cache, jnp.ones((ROWS,), bool))
+    assert "this cache is dense (rollout.kv_cache=paged pages it); running xla" in caplog.text
+    assert attention_dispatch.implementations(uses) == {"decode": "xla"}
+    expected, _ = reference.decode(tokens[:, 0], cache, jnp.ones((ROWS,), bool))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_the_samplers_lane_injection_writes_pages_like_the_dense_cache():
+    """sampler/writes.inject with fewer lanes than rows gathers sub-caches (`rows`) and scatters
+    them back (`set_rows`): over pages, the rows' tables move and the pool is shared."""
+    from matpo_jax.sampler.writes import array_reader, inject
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(3))
+    tokens, lengths = prompts()
+    results = []
+    for cache in (init_cache(CONFIG, ROWS, MAX_LEN), paged(CONFIG)):
+        _, cache = model.prefill(tokens, lengths, cache)
+        logits = jnp.zeros((ROWS, CONFIG.vocab_size), jnp.float32)
+        extra, _ = prompts(seed=4)
+        num = jnp.asarray([0, 7, 3], jnp.int32)  # row 0 receives nothing
+        cache, logits = jax.jit(lambda c, l: inject(model, c, l, array_reader(extra), num,
+                                                    buckets=(4, 8), lanes=1, max_num=8))(
+            cache, logits)
+        # A decode step after it reads what the injection wrote.
+        after, cache = model.decode(tokens[:, 0], cache, jnp.ones((ROWS,), bool))
+        results.append((np.asarray(logits), np.asarray(after), np.asarray(cache.lengths)))
+    for dense, paged_result in zip(*results):
+        np.testing.assert_allclose(paged_result, dense, rtol=1e-5, atol=1e-5)
