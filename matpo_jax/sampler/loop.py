@@ -76,6 +76,7 @@ class PagedCache(NamedTuple):
     def pool(self, slots: int, prefix_rows: int, max_len: int) -> int:
         return self.num_pages or (slots + prefix_rows) * (max_len // self.page_size)
 
+
 def default_buckets(max_len: int) -> tuple[int, ...]:
     """Static injection widths: a short tool response pays for a 16- or 64-token extend. Anything
     longer than the last width (a prompt, a re-prefilled context) is written in chunks of it."""
