@@ -173,7 +173,8 @@ def run_rollouts(model_state, graphdef, chat: ChatFormat, toolbox,
             # a slot's profile is its role: with LoRA, the role's adapter decodes it
             profile_roles=PROFILE_ROLES,
             prefix_roles=[PROFILE_ROLES[p] for p in engine.scheduler.prefix_profiles],
-            paged=cfg.paged_cache)
+            paged=(sampler.PagedCache(page_size=cfg.kv_page_size, num_pages=cfg.kv_pages)
+                   if cfg.kv_cache == "paged" else None))
     finally:  # calls the engine stopped waiting for are not waited for here either
         pool.shutdown(wait=not engine.counters["tool_timeouts"], cancel_futures=True)
     engine.check_all_finished()

@@ -294,14 +294,6 @@ class RolloutSection(Section):
                             f"rollout.kv_cache = paged")
         return problems
 
-    @property
-    def paged_cache(self):
-        """The sampler's PagedCache, or None for the dense cache."""
-        if self.kv_cache != "paged":
-            return None
-        from matpo_jax.sampler.loop import PagedCache
-        return PagedCache(page_size=self.kv_page_size, num_pages=self.kv_pages)
-
 
 # ------------------------------------------------------------------------------------------- chat
 @dataclasses.dataclass(frozen=True)

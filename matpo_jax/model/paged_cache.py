@@ -9,7 +9,7 @@ Layout (the TPU paged-attention kernel's, see paged_attention.py), per layer:
   lengths     [rows] int32: tokens written per row (the next write position).
 
 Pages are reference-counted so that a prompt's full pages can sit in several tables at once
-(`share_prefix`); a page returns to the free stack when the last table holding it lets it go
+(`share_pages`); a page returns to the free stack when the last table holding it lets it go
 (`release`). Everything runs inside jit: the free pages are a stack (`free[:num_free]`), a write
 that crosses into a new page pops one (`reserve`, once per step for all layers), a release pushes
 the pages whose count drops to zero. Running out of pages is never silent: `reserve` then maps
@@ -168,13 +168,6 @@ def release(cache: PagedKVCache, rows: jax.Array) -> PagedKVCache:
         page_table=jnp.where(rows[:, None], cache.num_pages, cache.page_table),
         lengths=jnp.where(rows, 0, cache.lengths), refcount=refcount, free=free,
         num_free=cache.num_free + jnp.sum(freed, dtype=jnp.int32))
-
-
-def share_prefix(cache: PagedKVCache, src: jax.Array, dst: jax.Array, num_tokens: jax.Array
-                 ) -> PagedKVCache:
-    """Restarts each row dst[i] with the first num_tokens[i] tokens of row src[i] (int [M], no
-    dst among the srcs): `share_pages` of the src rows' tables."""
-    return share_pages(cache, cache.page_table[src], dst, num_tokens)
 
 
 def share_pages(cache: PagedKVCache, src_table: jax.Array, dst: jax.Array, num_tokens: jax.Array

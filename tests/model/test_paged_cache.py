@@ -122,7 +122,7 @@ def test_a_shared_prefix_reads_like_its_own_copy_and_is_never_written_through():
     cache, keys, values, lengths = fill()
     prefix = 10  # two full pages shared, the third (2 of 4 tokens) copied
     # Row 1 (6 tokens of its own) restarts from row 0's prefix: its own pages go back first.
-    cache = pc.share_prefix(cache, jnp.asarray([0]), jnp.asarray([1]), jnp.asarray([prefix]))
+    cache = pc.share_pages(cache, cache.page_table[:1], jnp.asarray([1]), jnp.asarray([prefix]))
     assert int(pc.pages_in_use(cache)) == 3 + 1 + 5
     table = np.asarray(cache.page_table)
     np.testing.assert_array_equal(table[1, :2], table[0, :2])
@@ -190,8 +190,8 @@ def test_running_out_of_pages_is_flagged_and_overwrites_no_other_row():
 
 def test_the_whole_cache_runs_under_jit():
     cache, keys, values, lengths = fill()
-    eager = pc.share_prefix(cache, jnp.asarray([2]), jnp.asarray([1]), jnp.asarray([7]))
-    jitted = jax.jit(pc.share_prefix)(cache, jnp.asarray([2]), jnp.asarray([1]),
+    eager = pc.share_pages(cache, cache.page_table[2:], jnp.asarray([1]), jnp.asarray([7]))
+    jitted = jax.jit(pc.share_pages)(cache, cache.page_table[2:], jnp.asarray([1]),
                                       jnp.asarray([7]))
     for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
