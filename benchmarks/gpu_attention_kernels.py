@@ -8,9 +8,10 @@ is committed. Random weights with the Qwen3-0.6B and Qwen3-4B shapes, bfloat16. 
   2. a whole forward+backward of the model on those rows (grad of a token cross-entropy w.r.t.
      every parameter; no optimizer update): tokens/s and model FLOPs utilisation against the
      chip's bf16 dense peak;
-  3. decode steps at batch 64 over a cache of max_len slots filled to several fills (only the
-     xla decode exists: see docs/attention_kernels.md), ms per step against the HBM-bandwidth
-     floor of reading the weights once plus the filled part of the KV cache.
+  3. decode steps at batch 64 over a cache filled to several fills: the dense cache of max_len
+     slots (xla), and a paged cache (rollout.kv_cache=paged, 64-token pages, a pool of the
+     filled pages) read by xla's gather and by the Pallas paged kernel (paged_gpu); ms per step
+     against the HBM-bandwidth floor of reading the weights once plus the filled KV cache.
 Every row names what actually ran (`ran`: a kernel that cannot express a rule falls back, e.g.
 pallas_gpu with shared prompts runs xla, and the note says so). Output: one JSON on stdout and
 benchmarks/results/gpu_attention_kernels_<device>.json.
@@ -22,6 +23,7 @@ benchmarks/results/gpu_attention_kernels_<device>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
@@ -32,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from matpo_jax.model import CausalLM, DecoderConfig, init_cache
+from matpo_jax.model import CausalLM, DecoderConfig, init_cache, paged_cache
+from matpo_jax.model import attention_dispatch
 from matpo_jax.model.attention_dispatch import plan_train_attention, train_attention
 
 RESULTS = Path(__file__).parent / "results"
@@ -160,36 +163,63 @@ def train_rows(config: DecoderConfig, rows, length, repeats, peak):
     return out
 
 
+PAGE_SIZE = 64
+# (cache, model.attention.decode) per decode row: the dense cache, then a paged one two ways.
+DECODE_VARIANTS = (("dense", "xla"), ("paged", "xla"), ("paged", "paged_gpu"))
+
+
+def filled_cache(config: DecoderConfig, kind: str, batch: int, max_len: int, fill: int):
+    """A cache whose rows hold `fill` tokens (zeros): dense, or paged with a pool of just the
+    pages they fill plus the next token's."""
+    if kind == "dense":
+        return init_cache(config, batch, max_len)._replace(
+            lengths=jnp.full((batch,), fill, jnp.int32))
+    pages = batch * (fill // PAGE_SIZE + 1)
+    cache = paged_cache.init_paged_cache(config.num_hidden_layers, config.num_key_value_heads,
+                                         config.head_dim, batch, max_len, pages, PAGE_SIZE,
+                                         config.dtype)
+    lengths = jnp.full((batch,), fill, jnp.int32)
+    return paged_cache.advance(paged_cache.reserve(cache, lengths + 1), lengths)
+
+
 def decode_rows(config: DecoderConfig, batch, max_len, fills, repeats, bandwidth):
-    """Decode step ms at several cache fills vs the HBM floor (weights + filled KV, read once)."""
-    model = CausalLM(config, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    step = jax.jit(lambda params, tokens, cache, active: nnx.merge(graphdef, params).decode(
-        tokens, cache, active), donate_argnums=2)
+    """Decode step ms at several cache fills vs the HBM floor (weights + filled KV, read once),
+    per DECODE_VARIANTS entry."""
     tokens = jnp.zeros((batch,), jnp.int32)
     active = jnp.ones((batch,), bool)
     itemsize = jnp.dtype(config.dtype).itemsize
     out = []
-    for fill in fills:
-        cache = init_cache(config, batch, max_len)
-        cache = cache._replace(lengths=jnp.full((batch,), fill, jnp.int32))
-        _, cache = step(params, tokens, cache, active)  # compiles
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            _, cache = step(params, tokens, cache, active)
-            jax.block_until_ready(cache.lengths)
-            times.append(time.perf_counter() - start)
-            cache = cache._replace(lengths=jnp.full((batch,), fill, jnp.int32))
-        kv_bytes = 2 * config.num_hidden_layers * batch * fill * config.num_key_value_heads * \
-            config.head_dim * itemsize
-        seconds = float(np.median(times))
-        floor = None if bandwidth is None else (weight_bytes + kv_bytes) / bandwidth
-        out.append({"ran": "xla", "batch": batch, "max_len": max_len, "fill": fill,
-                    "ms": round(1e3 * seconds, 3),
-                    "hbm_floor_ms": None if floor is None else round(1e3 * floor, 3),
-                    "of_floor": None if floor is None else round(floor / seconds, 3)})
+    for kind, choice in DECODE_VARIANTS:
+        model = CausalLM(dataclasses.replace(config, attention_decode=choice), rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(model)
+        del model
+        weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+        step = jax.jit(lambda params, tokens, cache, active, graphdef=graphdef: nnx.merge(
+            graphdef, params).decode(tokens, cache, active), donate_argnums=2)
+        ran = "?"
+        for fill in fills:
+            cache = filled_cache(config, kind, batch, max_len, fill)
+            with attention_dispatch.record() as uses:
+                _, cache = step(params, tokens, cache, active)  # compiles (unless same shapes)
+            ran = attention_dispatch.implementations(uses).get("decode", ran)
+            times = []
+            for _ in range(repeats):
+                cache = cache._replace(lengths=jnp.full((batch,), fill, jnp.int32))
+                start = time.perf_counter()
+                _, cache = step(params, tokens, cache, active)
+                jax.block_until_ready(cache.lengths)
+                times.append(time.perf_counter() - start)
+            kv_bytes = 2 * config.num_hidden_layers * batch * fill * \
+                config.num_key_value_heads * config.head_dim * itemsize
+            seconds = float(np.median(times))
+            floor = None if bandwidth is None else (weight_bytes + kv_bytes) / bandwidth
+            out.append({"cache": kind, "asked": choice,
+                        "ran": ran,
+                        "batch": batch, "max_len": max_len, "fill": fill,
+                        "ms": round(1e3 * seconds, 3),
+                        "hbm_floor_ms": None if floor is None else round(1e3 * floor, 3),
+                        "of_floor": None if floor is None else round(floor / seconds, 3)})
+        del params
     return out
 
 
@@ -200,10 +230,11 @@ def main():
     kind, (peak, bandwidth) = chip_figures()
     if args.smoke:
         models, rows, length, repeats = SMOKE, 1, 256, 1
-        decode = dict(batch=4, max_len=256, fills=(64, 256))
+        # max_len leaves a page past the largest fill for the step's new token.
+        decode = dict(batch=4, max_len=320, fills=(64, 256))
     else:
         models, rows, length, repeats = QWEN3, 2, 8192, 5
-        decode = dict(batch=64, max_len=16384, fills=(1024, 4096, 16384))
+        decode = dict(batch=64, max_len=16448, fills=(1024, 4096, 16384))
     report = {"device": kind, "backend": jax.default_backend(), "jax": jax.__version__,
               "host": platform.node(), "peak_bf16_flops": peak, "hbm_bytes_per_s": bandwidth,
               "rows": rows, "row_length": length, "models": {}}

@@ -19,7 +19,7 @@ MODEL_FAMILIES = ("qwen3", "llama", "qwen2")  # model/config.py's FAMILIES; a te
 # model/config.py's ATTENTION_KERNELS (per path); a test keeps them equal.
 ATTENTION_TRAIN = ("auto", "xla", "splash", "cudnn", "pallas_gpu")
 ATTENTION_EXTEND = ("auto", "xla")
-ATTENTION_DECODE = ("auto", "xla", "paged_tpu")
+ATTENTION_DECODE = ("auto", "xla", "paged_tpu", "paged_gpu")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 # The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
 PUBLISHED_SPLITS = {"musique": ("train", "validation"), "frames": ("test",),
@@ -84,9 +84,9 @@ class AttentionSection(Section):
                          choices=ATTENTION_TRAIN)
     extend: str = setting("auto", "multi-token extend / prefill over the KV cache",
                           choices=ATTENTION_EXTEND)
-    decode: str = setting("auto", "one-token decode steps over the KV cache (paged_tpu: the TPU "
-                          "kernel over rollout.kv_cache=paged; with the dense cache it runs xla "
-                          "and logs so)", choices=ATTENTION_DECODE)
+    decode: str = setting("auto", "one-token decode steps over the KV cache (paged_tpu, "
+                          "paged_gpu: the Pallas kernels over rollout.kv_cache=paged; with the "
+                          "dense cache they run xla and log so)", choices=ATTENTION_DECODE)
 
 
 @dataclasses.dataclass(frozen=True)

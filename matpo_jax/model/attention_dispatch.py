@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 from typing import Iterator, NamedTuple
 
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 # What "auto" runs for packed training rows on each backend (others: "xla").
 AUTO_TRAIN = {"tpu": "splash", "gpu": "cudnn"}
 # What "auto" runs for one-token decode steps over a paged cache (others: "xla").
-AUTO_PAGED_DECODE = {"tpu": "paged_tpu"}
+AUTO_PAGED_DECODE = {"tpu": "paged_tpu", "gpu": "paged_gpu"}
+PAGED_KERNEL_BACKEND = {"paged_tpu": "tpu", "paged_gpu": "gpu"}
 # The backend each training kernel is compiled for (elsewhere: Pallas interpret mode, or none).
 KERNEL_BACKEND = {"splash": "tpu", "cudnn": "gpu", "pallas_gpu": "gpu"}
 PALLAS_KERNELS = ("splash", "pallas_gpu")
@@ -195,8 +197,8 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     """One-token decode over the heads-major cache (cached_attention's contract). Only "xla"
     exists so far (see docs/attention_kernels.md)."""
     _check("decode", choice)
-    if choice == "paged_tpu":
-        _note("model.attention.decode=paged_tpu: the kernel reads a paged KV cache and this "
+    if choice in PAGED_KERNEL_BACKEND:
+        _note(f"model.attention.decode={choice}: the kernel reads a paged KV cache and this "
               "cache is dense (rollout.kv_cache=paged pages it); running xla")
     _record(AttentionUse("decode", "xla", False, False, tuple(q.shape)))
     return cached_attention(q, k, v, mask)
@@ -207,17 +209,18 @@ def plan_paged_decode(choice: str, backend: str | None = None) -> tuple[str, boo
     _check("decode", choice)
     backend = backend or jax.default_backend()
     name = AUTO_PAGED_DECODE.get(backend, "xla") if choice == "auto" else choice
-    if name == "xla" or backend == "tpu":
+    kernel_backend = PAGED_KERNEL_BACKEND.get(name)
+    if kernel_backend is None or backend == kernel_backend:
         return name, False, None
-    return name, True, (f"model.attention.decode={name}: a tpu kernel on {backend}: running it "
-                        "in Pallas interpret mode (correct, slow)")
+    return name, True, (f"model.attention.decode={name}: a {kernel_backend} kernel on {backend}: "
+                        "running it in Pallas interpret mode (correct, slow)")
 
 
 def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, view,
                     extend_choice: str, decode_choice: str) -> jax.Array:
     """New queries q [B, T, H, D] over a layer's pages (k_pages, v_pages [K, N, P, D], the new
     tokens already written) and a `paged_cache.PagedView` -> [B, T, H * D]. A one-token decode
-    step may run the TPU paged kernel; multi-token extends run the XLA reference (the ragged
+    step may run a paged kernel (TPU or GPU); multi-token extends run the XLA reference (the ragged
     kernel is not wired: docs/attention_kernels.md)."""
     batch, length, heads, head_dim = q.shape
     if length == 1:
@@ -225,12 +228,17 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, view,
                                                   kernel_sharding.mesh_platform(
                                                       kernel_sharding.current_mesh()))
         _note(note)
-        if name == "paged_tpu":
-            from matpo_jax.model.paged_attention import tpu_paged_decode_attention
+        if name in PAGED_KERNEL_BACKEND:
+            from matpo_jax.model import paged_attention as kernels
             _record(AttentionUse("decode", name, interpret, False, tuple(q.shape)))
+            kernel = functools.partial(kernels.tpu_paged_decode_attention if name == "paged_tpu"
+                                       else kernels.gpu_paged_decode_attention,
+                                       interpret=interpret)
+            mesh = kernel_sharding.current_mesh()
             # Rows that write nothing this step (inactive slots) still attend their own pages.
-            out = tpu_paged_decode_attention(q[:, 0], k_pages, v_pages, view.page_table,
-                                             view.lengths, interpret=interpret)
+            out = (kernel(q[:, 0], k_pages, v_pages, view.page_table, view.lengths)
+                   if mesh is None else kernel_sharding.per_shard_paged(
+                       kernel, mesh, q[:, 0], k_pages, v_pages, view.page_table, view.lengths))
             return out.reshape(batch, 1, heads * head_dim)
         _record(AttentionUse("decode", "xla", False, False, tuple(q.shape)))
     else:

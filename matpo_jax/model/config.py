@@ -27,8 +27,8 @@ ROPE_TYPES = ("default", "linear", "llama3")
 ATTENTION_KERNELS = {
     "train": ("auto", "xla", "splash", "cudnn", "pallas_gpu"),  # packed training rows
     "extend": ("auto", "xla"),  # multi-token extend / prefill over the KV cache
-    # one-token decode steps over the KV cache; "paged_tpu" needs a paged cache (paged_cache.py)
-    "decode": ("auto", "xla", "paged_tpu"),
+    # one-token decode steps over the KV cache; "paged_*" need a paged cache (paged_cache.py)
+    "decode": ("auto", "xla", "paged_tpu", "paged_gpu"),
 }
 
 # Fields a Hugging Face config.json must carry for us to build the model.

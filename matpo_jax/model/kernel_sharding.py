@@ -77,3 +77,18 @@ def per_shard(kernel: Callable, mesh: Mesh, q: jax.Array, k: jax.Array, v: jax.A
                              check_vma=False)(q, k, v, segment_ids)
     return jax.shard_map(kernel, mesh=mesh, in_specs=(heads_spec,) * 3 + (ids_spec,) * 2,
                          out_specs=heads_spec, check_vma=False)(q, k, v, segment_ids, prefix_ids)
+
+
+def per_shard_paged(kernel: Callable, mesh: Mesh, q: jax.Array, k_pages: jax.Array,
+                    v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array) -> jax.Array:
+    """kernel(q [B, H, D], k_pages, v_pages [K, N, P, D], page_table, lengths) -> [B, H, D] under
+    shard_map over `mesh`: each chip its heads of every row and its kv heads of every page (the
+    layout `parallel.paged_cache_shardings` gives the pools); the page tables and lengths are
+    replicated, as the cache keeps them."""
+    tensor = mesh.shape.get(TENSOR_AXIS, 1)
+    split = tensor > 1 and q.shape[1] % tensor == 0 and k_pages.shape[0] % tensor == 0
+    head_axis = TENSOR_AXIS if split else None
+    q_spec, pool_spec = P(None, head_axis, None), P(head_axis, None, None, None)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, pool_spec, pool_spec, P(), P()),
+                         out_specs=q_spec, check_vma=False)(q, k_pages, v_pages, page_table,
+                                                            lengths)

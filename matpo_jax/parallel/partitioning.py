@@ -101,12 +101,12 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Sequence[tuple[str, P]] | 
     return model
 
 
-
-
 def cache_shardings(cache, mesh: Mesh):
     """Shardings for a KVCache (same NamedTuple type): each layer's k [batch, kv_heads, head_dim,
     max_len] and v [batch, kv_heads, max_len, head_dim] split on batch and, like the k/v
-    projections, on kv heads; lengths on batch."""
+    projections, on kv heads; lengths on batch. A paged cache: `paged_cache_shardings`."""
+    if hasattr(cache, "page_table"):
+        return paged_cache_shardings(cache, mesh)
     kv_spec = P(BATCH_AXES, "tensor", None, None)
 
     def layer_shardings(arrays):
@@ -117,7 +117,18 @@ def cache_shardings(cache, mesh: Mesh):
         lengths=NamedSharding(mesh, fit_spec(P(BATCH_AXES), cache.lengths.shape, mesh)))
 
 
+def paged_cache_shardings(cache, mesh: Mesh):
+    """Shardings for a paged_cache.PagedKVCache: each layer's pools [kv_heads, pages, page_size,
+    head_dim] split on kv heads over "tensor" (as the k/v projections split them), the page
+    tables, lengths and free-page stack replicated: every chip runs the same allocation and
+    holds its heads of every page. Pages are not split over "data" / "fsdp" (a pool per batch
+    shard is not built; the sampler refuses such a mesh)."""
+    pool_spec = P("tensor", None, None, None)
+    everywhere = NamedSharding(mesh, P())
 
+    def pools(arrays):
+        return tuple(NamedSharding(mesh, fit_spec(pool_spec, x.shape, mesh)) for x in arrays)
 
-
-
+    return cache._replace(k=pools(cache.k), v=pools(cache.v), page_table=everywhere,
+                          lengths=everywhere, refcount=everywhere, free=everywhere,
+                          num_free=everywhere, overflow=everywhere)

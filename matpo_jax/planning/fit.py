@@ -16,7 +16,8 @@ from matpo_jax.config.errors import ConfigError
 from matpo_jax.planning import accounting
 from matpo_jax.planning.step_plan import PlanInputs, abstract_model, abstract_train_state
 from matpo_jax.planning.topology import chip_for_device_kind
-from matpo_jax.sampler.capacity import DecodeSlotsError, check_decode_slots, decode_slot_budget
+from matpo_jax.sampler.capacity import (DecodeSlotsError, check_decode_slots, check_paged_pool,
+                                        decode_slot_budget, page_bytes, paged_slot_budget)
 from matpo_jax.trainer import step as step_lib
 
 GiB = 2 ** 30
@@ -30,7 +31,7 @@ class FitEstimate:
     parameters: int
     optimizer_state: int
     gradients: int  # the train step's accumulator: a param-dtype copy of the parameters
-    kv_cache: int  # rollout.decode_slots slots x rollout.max_context, this chip's share
+    kv_cache: int  # this chip's share of decode_slots x max_context, or of the paged pool
     slot_buffers: int  # the slots' next-token logits and turn buffers
     slots_that_fit: int
 
@@ -64,6 +65,17 @@ def estimate(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
     parameters = trained + accounting.per_chip_bytes(state.frozen)
     optimizer_state = accounting.per_chip_bytes(state.opt_state)
     axes = dict(data=mesh.shape["data"], fsdp=mesh.shape["fsdp"], tensor=mesh.shape["tensor"])
+    if inputs.kv_cache == "paged":
+        pages = inputs.kv_pool_pages(inputs.decode_slots)
+        budget = paged_slot_budget(inputs.model, inputs.max_context,
+                                   hbm - parameters - optimizer_state, slots=inputs.decode_slots,
+                                   pages=pages, page_size=inputs.kv_page_size,
+                                   tensor=axes["tensor"], max_turn=inputs.max_turn)
+        return FitEstimate(
+            hbm=hbm, parameters=parameters, optimizer_state=optimizer_state, gradients=trained,
+            kv_cache=pages * page_bytes(inputs.model, inputs.kv_page_size, axes["tensor"]),
+            slot_buffers=inputs.decode_slots * budget.other_bytes_per_slot,
+            slots_that_fit=budget.slots_that_fit)
     budget = decode_slot_budget(inputs.model, inputs.max_context,
                                 hbm - parameters - optimizer_state, max_turn=inputs.max_turn,
                                 **axes)
@@ -94,6 +106,34 @@ def check_fits(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
             "before any activation; spread the model over more chips (a larger slice, mesh.fsdp "
             "/ mesh.tensor) or keep fewer float32 copies (model.param_dtype)")
     room = hbm - fit.parameters - fit.optimizer_state
+    if inputs.kv_cache == "paged":
+        problems += _paged_problems(inputs, mesh, room)
+    else:
+        problems += _dense_problems(inputs, mesh, fit, hbm, room, mesh_text)
+    if problems:
+        raise ConfigError(problems)
+    return fit
+
+
+def _paged_problems(inputs: PlanInputs, mesh, room: int) -> list[str]:
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if shards > 1:
+        return [f"rollout.kv_cache=paged splits its pages over mesh.tensor only and this mesh "
+                f"splits the slots over data x fsdp = {shards}: set mesh.data = mesh.fsdp = 1 "
+                "or use the dense cache"]
+    try:
+        check_paged_pool(inputs.decode_slots, inputs.model, inputs.max_context, room,
+                         pages=inputs.kv_pool_pages(inputs.decode_slots),
+                         page_size=inputs.kv_page_size, tensor=mesh.shape["tensor"],
+                         max_turn=inputs.max_turn)
+    except DecodeSlotsError as error:
+        return [str(error)]
+    return []
+
+
+def _dense_problems(inputs: PlanInputs, mesh, fit: FitEstimate, hbm: int, room: int,
+                    mesh_text: str) -> list[str]:
+    problems = []
     try:
         check_decode_slots(inputs.decode_slots, inputs.model, inputs.max_context, room,
                            data=mesh.shape["data"], fsdp=mesh.shape["fsdp"],
@@ -109,9 +149,7 @@ def check_fits(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
             f"(a multiple of data x fsdp = {mesh.shape['data'] * mesh.shape['fsdp']}): lower "
             "rollout.decode_slots or rollout.max_context, or raise mesh.tensor / use a larger "
             "slice")
-    if problems:
-        raise ConfigError(problems)
-    return fit
+    return problems
 
 
 def summary(fit: FitEstimate) -> str:

@@ -14,12 +14,17 @@ def _fit(flag) -> str:
 
 
 def _attention(plan: dict) -> str:
-    """What the train step's packed attention ran; plans made before the plan recorded it were
-    compiled with xla (`auto` then resolved for the CPU host)."""
-    ts = plan.get("train_step")
-    if not ts:
-        return ""
-    return ts.get("attention", {}).get("train", "xla (not recorded)")
+    """What the train step's packed attention ran (plans made before the plan recorded it were
+    compiled with xla: `auto` then resolved for the CPU host), and the decode step's kernel when
+    it ran one."""
+    parts = []
+    ts, ds = plan.get("train_step"), plan.get("decode_step")
+    if ts:
+        parts.append(ts.get("attention", {}).get("train", "xla (not recorded)"))
+    decode = (ds or {}).get("attention", {}).get("decode", "xla")
+    if not decode.startswith("xla"):
+        parts.append(f"decode {decode}")
+    return ", ".join(parts)
 
 
 def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
@@ -36,7 +41,7 @@ def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
         row += ["-"] + [""] * 8
     if ds:
         m = ds["memory_per_chip"]
-        row += [f"{ds['slots']} x {ds['max_context']}", _gib(m["kv_cache"]),
+        row += [f"{ds['slots']} x {ds['max_context']}{_paged(ds)}", _gib(m["kv_cache"]),
                 _gib(ds["peak_with_optimizer_state"]), _fit(ds["fits"]),
                 str(ds["slots_that_fit"])]
     else:
@@ -47,6 +52,13 @@ def _row(plan: dict, ts: dict | None, ds: dict | None, label: str) -> str:
                "passes" if check["passes"] else "**refuses**")
     row.append("" if label.startswith("...") else _attention(plan))
     return "| " + " | ".join(row) + " |"
+
+
+def _paged(ds: dict) -> str:
+    """", paged (mean N tokens a slot)" for a paged KV cache's decode step, else ""."""
+    if ds.get("kv_cache") != "paged":
+        return ""
+    return f", paged, a mean {ds['kv_mean_tokens_per_slot']:,.0f} tokens a slot"
 
 
 def _compile_times(plan: dict) -> str:
@@ -69,7 +81,7 @@ def memory_table(plans: list[dict]) -> list[str]:
     and what the plan found that fits."""
     lines = ["| config | slice (chips) | mesh d, f, t | parameters | optimizer state | "
              "activations + temp. | KV cache | train step fits | rollouts fit | decode slots "
-             "that fit | step s @ MFU | `train`'s check | attention (train) |",
+             "that fit | step s @ MFU | `train`'s check | attention |",
              "|" + "---|" * 13]
     for plan in plans:
         ts, ds = plan.get("train_step"), plan.get("decode_step")
@@ -81,7 +93,8 @@ def memory_table(plans: list[dict]) -> list[str]:
                 _gib(ts["memory_per_chip"]["optimizer_state"]) if ts else "",
                 _gib(ts["memory_per_chip"]["activations_and_other_temporaries"]) if ts
                 else "not compiled",
-                f"{_gib(ds['memory_per_chip']['kv_cache'])} ({ds['slots']} slots)" if ds
+                f"{_gib(ds['memory_per_chip']['kv_cache'])} ({ds['slots']} slots{_paged(ds)})"
+                if ds
                 else "not compiled"]
         fitting = plan.get("train_step_fitting")
         row.append("" if not ts else "yes" if ts["fits"] else
@@ -127,7 +140,7 @@ def kernel_comparison(plans: list[dict]) -> list[str]:
         if xla is None or _attention(after).startswith("xla") or not _attention(after):
             continue
         if not lines:
-            lines = ["| config | topology | attention (train) | activations + temp. | train peak "
+            lines = ["| config | topology | attention | activations + temp. | train peak "
                      "| fits | XLA cost analysis per chip, train step (loop bodies once): "
                      "TFLOPs, GB accessed |", "|" + "---|" * 7]
         cells = []
@@ -177,7 +190,7 @@ def markdown(plans: list[dict]) -> str:
         "| config | topology | mesh (data, fsdp, tensor) | rows x tokens (remat) | parameters | "
         "optimizer state | gradients | activations + other temp. | train peak | fits | "
         "TFLOPs / step | step s @ MFU | slots x context | KV cache | decode peak + opt. | fits "
-        "| slots that fit | HBM | `train`'s check | attention (train) |",
+        "| slots that fit | HBM | `train`'s check | attention |",
         "|" + "---|" * 20]
     for plan in plans:
         lines.append(_row(plan, plan.get("train_step"), plan.get("decode_step"),

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from matpo_jax import parallel
 from matpo_jax.model import DecoderConfig, CausalLM, attention_dispatch
 from matpo_jax.model import lora as lora_lib
+from matpo_jax.model import paged_cache
 from matpo_jax.model.decoder import init_cache
 from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.planning import accounting
@@ -44,6 +45,16 @@ class PlanInputs:
     max_turn: int = 0  # tokens one turn may generate (the sampler's per-slot turn buffers)
     mfu: float = 0.4  # model FLOPs utilisation assumed for the step-time estimate
     lora: lora_lib.LoRAConfig | None = None  # adapters over a frozen base (model.lora.*)
+    kv_cache: str = "dense"  # rollout.kv_cache: dense (slots x max_context) or paged
+    kv_page_size: int = 64  # rollout.kv_page_size
+    kv_pages: int = 0  # rollout.kv_pages (0: every slot at max_context)
+
+    def kv_pool_pages(self, slots: int) -> int:
+        """A paged cache's pool for `slots` slots: kv_pages scaled from decode_slots to `slots`
+        (the same mean fill a slot), or every slot at max_context when kv_pages is 0."""
+        if not self.kv_pages:
+            return slots * (self.max_context // self.kv_page_size)
+        return max(1, self.kv_pages * slots // self.decode_slots)
 
 
 def _with_shardings(shapes, shardings):
@@ -215,7 +226,7 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     param_sh = parallel.param_shardings(params, mesh)
     frozen_sh = parallel.param_shardings(frozen, mesh)  # empty, or a LoRA run's base
     slots, max_len = slots or inputs.decode_slots, inputs.max_context
-    cache = jax.eval_shape(lambda: init_cache(inputs.model, slots, max_len))
+    cache = jax.eval_shape(lambda: _empty_cache(inputs, slots))
     cache_sh = parallel.cache_shardings(cache, mesh)
     slot_sh = NamedSharding(mesh, parallel.fit_spec(P(parallel.BATCH_AXES), (slots,), mesh))
 
@@ -242,7 +253,11 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     memory.update(parameters=accounting.per_chip_bytes(args[:2]), kv_cache=kv)
     slot_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
     slot_shards = slot_shards if slots % slot_shards == 0 else 1
-    return {"slots": slots, "max_context": max_len,
+    paged = inputs.kv_cache == "paged"
+    return {"slots": slots, "max_context": max_len, "kv_cache": inputs.kv_cache,
+            **({"kv_page_size": inputs.kv_page_size, "kv_pages": inputs.kv_pool_pages(slots),
+                "kv_mean_tokens_per_slot": inputs.kv_pool_pages(slots) * inputs.kv_page_size
+                / slots} if paged else {}),
             "attention": attention_dispatch.implementations(uses),
             "cost_analysis_per_chip": _cost(compiled) if compiled else None,
             "compile_s": round(compile_s, 1),
@@ -253,10 +268,21 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
             "kv_cache_total": accounting.total_bytes(cache)}
 
 
+def _empty_cache(inputs: PlanInputs, slots: int):
+    """The sampler's KV cache for `slots` slots: dense, or a paged pool (`kv_pool_pages`)."""
+    if inputs.kv_cache != "paged":
+        return init_cache(inputs.model, slots, inputs.max_context)
+    model = inputs.model
+    return paged_cache.init_paged_cache(
+        model.num_hidden_layers, model.num_key_value_heads, model.head_dim, slots,
+        inputs.max_context, inputs.kv_pool_pages(slots), inputs.kv_page_size, model.dtype)
+
+
 def _decode_fit(ds: dict, hbm: int, resident_state: int) -> dict:
     """Whether the decode step fits beside the optimizer state, and how many slots would: all
     of the step's memory but the parameters is taken to grow with the slots (the KV cache, and
-    temporaries of the cache's size and of [slots, vocab] logits)."""
+    temporaries of the cache's size and of [slots, vocab] logits; a paged pool at the same mean
+    fill a slot)."""
     memory = ds["memory_per_chip"]
     ds["peak_with_optimizer_state"] = memory["peak"] + resident_state
     ds["fits"] = bool(memory["compiled"]) and ds["peak_with_optimizer_state"] <= hbm
@@ -298,7 +324,10 @@ def _train_plans(inputs: PlanInputs, topology: Topology, mesh, graphdef, params,
 def _decode_estimate(ds: dict, topology: Topology) -> None:
     """An estimate of the decode step's time from XLA's cost analysis: its layers are unrolled
     and it runs no Pallas kernel, so the analysis covers the whole program; the slower of its
-    FLOPs at the chip's peak and its bytes at the HBM bandwidth (no overlap loss, no latency)."""
+    FLOPs at the chip's peak and its bytes at the HBM bandwidth (no overlap loss, no latency).
+    None with a Pallas kernel (paged_tpu): the analysis does not see the pages it reads."""
+    if any(not name.startswith("xla") for name in ds.get("attention", {}).values()):
+        return
     cost = ds.get("cost_analysis_per_chip")
     if cost and "flops" in cost and "bytes_accessed" in cost:
         ds["step_time_s_estimate_cost_analysis"] = max(
@@ -356,6 +385,11 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
     fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
+    batch_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
+    if decode and inputs.kv_cache == "paged" and batch_shards > 1:
+        raise ValueError(f"rollout.kv_cache=paged splits its pages over mesh.tensor only and mesh "
+                         f"{dict(mesh.shape)} splits the slots over data x fsdp = {batch_shards}: "
+                         "plan it with mesh.data = mesh.fsdp = 1, or the dense cache")
     graphdef, params, frozen = abstract_model(inputs.model, inputs.lora)
     chip = topology.chip
     plan = {
@@ -413,8 +447,11 @@ def _decode_lines(ds: dict, title: str) -> list[str]:
     verdict = "fits" if ds["fits"] else "DOES NOT FIT"
     if not m["compiled"]:
         verdict += f" (XLA: {m['xla_message']})"
+    cache = (f", paged: {ds['kv_pages']} pages of {ds['kv_page_size']} tokens (a mean "
+             f"{ds['kv_mean_tokens_per_slot']:,.0f} a slot)" if ds.get("kv_cache") == "paged"
+             else "")
     return [
-        f"{title}: {ds['slots']} slots x {ds['max_context']} tokens, attention "
+        f"{title}: {ds['slots']} slots x {ds['max_context']} tokens{cache}, attention "
         f"{_attention(ds, 'decode')}, compiled in {ds['compile_s']} s",
         f"  per chip GiB: parameters {_gib(m['parameters'])}, KV cache {_gib(m['kv_cache'])}, "
         f"peak {_gib(m['peak'])}, + optimizer state {_gib(ds['peak_with_optimizer_state'])} -> "

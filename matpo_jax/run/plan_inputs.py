@@ -28,4 +28,5 @@ def plan_inputs(cfg: ExperimentConfig, *, rows: int | None = None, remat: str | 
                       decode_slots=cfg.rollout.decode_slots,
                       max_context=cfg.rollout.max_context,
                       max_turn=cfg.rollout.max_new_tokens_per_turn, mfu=mfu,
-                      lora=runtime.lora_config(cfg.model))
+                      lora=runtime.lora_config(cfg.model), kv_cache=cfg.rollout.kv_cache,
+                      kv_page_size=cfg.rollout.kv_page_size, kv_pages=cfg.rollout.kv_pages)

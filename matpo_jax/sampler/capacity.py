@@ -9,6 +9,11 @@ Each slot also keeps float32 next-token logits [vocab] and its turn buffers (int
 float32 log-probs [max_turn]), split over slots but not over tensor. Not counted: the shared
 prefix store (one row per registered prefix, usually a few percent of the slots' positions) and
 the transient activations of an extend.
+
+A paged KV cache (rollout.kv_cache=paged) holds a pool of pages instead, split over "tensor" on kv
+heads and not over the slots: its memory is pages x one page of every layer's keys and values,
+whatever the slot count, and each slot adds its buffers and a row of the page table
+(`check_paged_pool`).
 """
 from __future__ import annotations
 
@@ -100,3 +105,52 @@ def check_decode_slots(requested: int, config: DecoderConfig, max_len: int, per_
 
 def _mib(value: int) -> str:
     return f"{value / 2**20:,.1f} MiB"
+
+
+def page_bytes(config: DecoderConfig, page_size: int, tensor: int = 1,
+               dtype: str | None = None) -> int:
+    """One page of a paged cache on one chip: page_size positions of every layer's K and V."""
+    return kv_bytes_per_slot(config, page_size, tensor, dtype)
+
+
+def paged_slot_budget(config: DecoderConfig, max_len: int, per_chip_bytes: int, *, slots: int,
+                      pages: int, page_size: int, tensor: int = 1, max_turn: int = 0,
+                      dtype: str | None = None) -> SlotBudget:
+    """The budget of a paged cache of `pages` pages shared by `slots` slots (replicated over data
+    x fsdp, split over tensor): a slot's KV share is the pool's mean a slot, and the slots that
+    fit are those whose buffers and mean pool share fit per_chip_bytes (the same mean fill)."""
+    for name, value in (("slots", slots), ("pages", pages), ("page_size", page_size),
+                        ("tensor", tensor)):
+        if int(value) <= 0:
+            raise DecodeSlotsError(f"{name} must be a positive integer, got {value!r}")
+    mean_kv = -(-pages * page_bytes(config, page_size, tensor, dtype) // slots)
+    # Logits, turn buffers, and the slot's page table row and length.
+    other = 4 * config.vocab_size + 8 * max(0, int(max_turn)) + 4 * (max_len // page_size + 1)
+    per_chip = max(0, int(per_chip_bytes)) // (mean_kv + other)
+    return SlotBudget(kv_bytes_per_slot=mean_kv, other_bytes_per_slot=other,
+                      kv_heads_per_chip=kv_heads_per_chip(config, tensor), batch_shards=1,
+                      slots_per_chip=per_chip, slots_that_fit=per_chip)
+
+
+def check_paged_pool(requested: int, config: DecoderConfig, max_len: int, per_chip_bytes: int,
+                     *, pages: int, page_size: int, tensor: int = 1, max_turn: int = 0,
+                     dtype: str | None = None, field: str = "rollout.kv_pages") -> SlotBudget:
+    """The budget when a pool of `pages` pages and `requested` slots' buffers fit per_chip_bytes;
+    otherwise DecodeSlotsError, one line naming `field`, what a page costs and the pool's total."""
+    budget = paged_slot_budget(config, max_len, per_chip_bytes, slots=requested, pages=pages,
+                               page_size=page_size, tensor=tensor, max_turn=max_turn, dtype=dtype)
+    page = page_bytes(config, page_size, tensor, dtype)
+    need = pages * page + requested * budget.other_bytes_per_slot
+    if need > per_chip_bytes:
+        itemsize = np.dtype(dtype or config.dtype).itemsize
+        fitting = max(0, int(per_chip_bytes) - requested * budget.other_bytes_per_slot) // page
+        raise DecodeSlotsError(
+            f"{field}={pages} does not fit: a pool of {pages} pages needs {_mib(pages * page)} "
+            f"per chip (a page is {config.num_hidden_layers} layers x "
+            f"{budget.kv_heads_per_chip} kv heads x {config.head_dim} x {page_size} tokens x 2 "
+            f"x {itemsize} bytes = {_mib(page)}) beside {requested} slots' buffers "
+            f"({_mib(requested * budget.other_bytes_per_slot)}), and the budget is "
+            f"{_mib(per_chip_bytes)} per chip; {fitting} pages fit ({fitting * page_size:,} "
+            f"tokens in flight, a mean {fitting * page_size // requested:,} a slot): lower {field} "
+            "or rollout.decode_slots, or raise mesh.tensor")
+    return budget

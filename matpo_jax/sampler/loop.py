@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 from typing import Mapping, NamedTuple, Sequence
 
 import jax
@@ -50,6 +51,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from matpo_jax.model import paged_cache
 from matpo_jax.model.decoder import KVCache, init_cache
+from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
 from matpo_jax.sampler.host_protocol import (STOP_CACHE_FULL, STOP_NONE, STOP_TURN_CAP,
@@ -377,9 +379,12 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         if max_len % paged.page_size:
             raise SlotProtocolError(f"a paged KV cache needs max_len ({max_len}) to be a multiple "
                                     f"of its page size ({paged.page_size})")
-        if mesh is not None:
-            raise SlotProtocolError("a paged KV cache runs on one device so far; this model is "
-                                    "sharded over a mesh (use the dense cache)")
+        batch_shards = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
+        if batch_shards > 1:
+            raise SlotProtocolError(
+                f"a paged KV cache splits its pages over mesh.tensor only; this mesh splits the "
+                f"slots over data x fsdp = {batch_shards} (a pool per batch shard is not built): "
+                "use the dense cache (rollout.kv_cache=dense) or mesh.data = mesh.fsdp = 1")
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len, prefix_rows)
     prefix_role_ids = np.zeros(prefix_tokens.shape[0], np.int32)
@@ -401,7 +406,8 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     stop_tables = (stop_table(stop_ids),) + tuple(stop_table(ids) for _, ids in more_profiles)
     session = HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes],
                           profiles=len(stop_tables))
-    with registered(session) as session_id:
+    # The mesh also runs the paged decode kernel per shard (model/kernel_sharding.py).
+    with registered(session) as session_id, kernel_mesh(mesh):
         counters = _slot_loop(graphdef, model_state, rng, jnp.int32(session_id),
                               jnp.int32(min(max_steps, 2**31 - 1)),
                               jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,

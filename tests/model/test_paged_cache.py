@@ -11,7 +11,9 @@ import pytest
 
 from matpo_jax.model import paged_cache as pc
 from matpo_jax.model.cached_attention import cached_attention
-from matpo_jax.model.paged_attention import pages_per_compute_block, tpu_paged_decode_attention
+from matpo_jax.model.paged_attention import (SMEM_TABLE_BYTES, gpu_paged_decode_attention,
+                                             pages_per_compute_block, rows_per_call,
+                                             tpu_paged_decode_attention)
 
 KV_HEADS, GROUP, HEAD_DIM, PAGE = 2, 3, 8, 4
 HEADS = KV_HEADS * GROUP
@@ -209,15 +211,20 @@ def test_pages_per_compute_block_divides_the_table_and_aims_at_512_tokens():
     assert pages_per_compute_block(5, 16) == 1
 
 
-@pytest.mark.parametrize("page_size, pages_per_row", [(16, 4), (8, 8)])
-def test_tpu_paged_kernel_in_interpret_mode_equals_the_reference(page_size, pages_per_row):
-    """Ragged rows (1 token, a page boundary, a full table, mid-page) on shuffled pages; the kernel
-    loads K/V as bfloat16, so the reference gets the same rounding (the rest in float32)."""
-    rng = np.random.default_rng(11)
-    rows, head_dim, max_len = 4, 128, page_size * pages_per_row
+def test_rows_go_to_the_kernel_in_groups_whose_page_tables_fit_smem():
+    # 512 rows of 640 pages (40,960 tokens in 64-token pages) are 1.25 MiB of table: 2 calls.
+    assert rows_per_call(512, 640) == 768 * 1024 // (4 * 640) == 307
+    assert rows_per_call(207, 640) == 207 and rows_per_call(3, 10 ** 6) == 1
+
+
+def ragged_decode_inputs(page_size, pages_per_row, head_dim, seed):
+    """One layer's pages for 4 ragged rows (1 token, a page boundary, a full table, mid-page) on
+    shuffled pages, and a decode query per row: (q, k_pages, v_pages, cache, lengths)."""
+    rng = np.random.default_rng(seed)
+    rows, max_len = 4, page_size * pages_per_row
     lengths = jnp.asarray([1, page_size, max_len, page_size + 3], jnp.int32)
     cache = shuffled_free_stack(pc.init_paged_cache(1, KV_HEADS, head_dim, rows, max_len,
-                                                    rows * pages_per_row, page_size), 4)
+                                                    rows * pages_per_row, page_size), seed)
     cache = pc.reserve(cache, lengths)
     k_new = rng.normal(size=(rows, max_len, KV_HEADS, head_dim)).astype(np.float32)
     v_new = rng.normal(size=(rows, max_len, KV_HEADS, head_dim)).astype(np.float32)
@@ -225,7 +232,23 @@ def test_tpu_paged_kernel_in_interpret_mode_equals_the_reference(page_size, page
     k, v = pc.write(cache.k[0], cache.v[0], cache.page_table, positions, jnp.asarray(k_new),
                     jnp.asarray(v_new), lengths)
     q = jnp.asarray(rng.normal(size=(rows, HEADS, head_dim)), jnp.float32)
-    got = tpu_paged_decode_attention(q, k, v, cache.page_table, lengths, interpret=True)
+    return q, k, v, cache, lengths
+
+
+@pytest.mark.parametrize("page_size, pages_per_row, table_bytes", [
+    (16, 4, SMEM_TABLE_BYTES), (8, 8, SMEM_TABLE_BYTES),
+    (16, 4, 16),  # one row a kernel call
+    (8, 8, 96)])  # groups of 3 rows and 1
+def test_tpu_paged_kernel_in_interpret_mode_equals_the_reference(page_size, pages_per_row,
+                                                                 table_bytes):
+    """Ragged rows (1 token, a page boundary, a full table, mid-page) on shuffled pages, in one
+    kernel call or in groups; the kernel loads K/V as bfloat16, so the reference gets the same
+    rounding (the rest in float32)."""
+    q, k, v, cache, lengths = ragged_decode_inputs(page_size, pages_per_row, head_dim=128,
+                                                   seed=11)
+    rows = q.shape[0]
+    got = tpu_paged_decode_attention(q, k, v, cache.page_table, lengths, interpret=True,
+                                     table_bytes=table_bytes)
     as_bf16 = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)
     expected = pc.paged_attention_reference(q[:, None], as_bf16(k), as_bf16(v), cache.page_table,
                                             lengths, (lengths - 1)[:, None])
@@ -257,3 +280,17 @@ def test_share_pages_from_a_kept_table_skips_out_of_range_rows():
         pc.paged_attention_reference(q, cache.k[0], cache.v[0], cache.page_table, cache.lengths,
                                      jnp.asarray([[8], [5], [17]])),
         cached_attention(q, k_dense, v_dense, mask), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("page_size, pages_per_row", [(16, 4), (8, 8), (4, 6)])
+def test_gpu_paged_kernel_in_interpret_mode_equals_the_reference(page_size, pages_per_row):
+    """The Triton-lowered kernel (model.attention.decode=paged_gpu) reads K/V in the cache's dtype:
+    equal to the reference to float32 rounding, on ragged rows over shuffled pages, with the
+    table split into partitions (4 and 8 pages: 4 and 8 splits; 6 pages: 2 splits of 3)."""
+    q, k, v, cache, lengths = ragged_decode_inputs(page_size, pages_per_row, head_dim=16,
+                                                   seed=12)
+    rows = q.shape[0]
+    got = gpu_paged_decode_attention(q, k, v, cache.page_table, lengths, interpret=True)
+    expected = pc.paged_attention_reference(q[:, None], k, v, cache.page_table, lengths,
+                                            (lengths - 1)[:, None])
+    np.testing.assert_allclose(got.reshape(rows, -1), expected[:, 0], rtol=1e-5, atol=1e-5)

@@ -1,7 +1,8 @@
 """The decoder's cached generation over a paged KV cache (model/paged_cache.py) against the dense
 cache: ragged prefills, extends and greedy decode steps give the same logits and tokens; the
-TPU paged kernel (model.attention.decode=paged_tpu, Pallas interpret mode here) decodes like the
-XLA path on the same bfloat16 cache; a dense cache asked for the kernel says it runs xla."""
+TPU and GPU paged kernels (model.attention.decode=paged_tpu | paged_gpu, Pallas interpret mode
+here) decode like the XLA path on the same cache (bfloat16 for the TPU kernel), per tensor shard
+too; a dense cache asked for the kernel says it runs xla."""
 import dataclasses
 import logging
 
@@ -149,3 +150,57 @@ def test_the_samplers_lane_injection_writes_pages_like_the_dense_cache():
         results.append((np.asarray(logits), np.asarray(after), np.asarray(cache.lengths)))
     for dense, paged_result in zip(*results):
         np.testing.assert_allclose(paged_result, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_the_paged_kernel_over_a_tensor_mesh_runs_per_shard_like_on_one_device():
+    """Under a kernel mesh the kernel runs under shard_map, each device its kv heads of the pool
+    (parallel.paged_cache_shardings): the same logits as the unsharded kernel."""
+    from matpo_jax import parallel
+    from matpo_jax.model.kernel_sharding import kernel_mesh
+    config = dataclasses.replace(CONFIG, attention_decode="paged_tpu", head_dim=128,
+                                 hidden_size=64)
+    model = CausalLM(config, rngs=nnx.Rngs(3))
+    tokens, lengths = prompts()
+    _, cache = model.prefill(tokens, lengths, paged(config, dtype=jnp.bfloat16))
+    active = jnp.ones((ROWS,), bool)
+    expected, _ = model.decode(tokens[:, 0], cache, active)
+    mesh = parallel.make_mesh(data=1, fsdp=1, tensor=2, devices=jax.devices()[:2])
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, parallel.param_shardings(state, mesh))
+    cache = jax.device_put(cache, parallel.cache_shardings(cache, mesh))
+    assert cache.k[0].sharding.shard_shape(cache.k[0].shape)[0] == 1  # one kv head a device
+
+    @jax.jit
+    def decode(state, token, cache):
+        with kernel_mesh(mesh):
+            return nnx.merge(graphdef, state).decode(token, cache, active)
+
+    with attention_dispatch.record() as uses:
+        got, _ = decode(state, tokens[:, 0], cache)
+    assert attention_dispatch.implementations(uses) == {"decode": "paged_tpu (interpret)"}
+    # o_proj's sum over heads splits into two partial sums: float32 rounding (2e-7 seen).
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(jnp.argmax(got, -1), jnp.argmax(expected, -1))
+
+
+def test_the_gpu_paged_kernel_decodes_like_xla_on_the_same_cache():
+    config = dataclasses.replace(CONFIG, attention_decode="paged_gpu")
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(4))
+    kernel_model = CausalLM(config, rngs=nnx.Rngs(4))
+    tokens, lengths = prompts()
+    _, cache = model.prefill(tokens, lengths, paged(CONFIG))
+    active = jnp.asarray([True, False, True])
+    with attention_dispatch.record() as uses:
+        got, got_cache = kernel_model.decode(tokens[:, 0], cache, active)
+    assert attention_dispatch.implementations(uses) == {"decode": "paged_gpu (interpret)"}
+    expected, expected_cache = model.decode(tokens[:, 0], cache, active)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got_cache.lengths, expected_cache.lengths)
+
+
+def test_auto_picks_the_paged_kernel_of_the_backend_and_interprets_it_elsewhere():
+    assert attention_dispatch.plan_paged_decode("auto", "tpu") == ("paged_tpu", False, None)
+    assert attention_dispatch.plan_paged_decode("auto", "gpu") == ("paged_gpu", False, None)
+    assert attention_dispatch.plan_paged_decode("auto", "cpu") == ("xla", False, None)
+    name, interpret, note = attention_dispatch.plan_paged_decode("paged_gpu", "tpu")
+    assert (name, interpret) == ("paged_gpu", True) and "a gpu kernel on tpu" in note

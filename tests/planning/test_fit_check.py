@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from matpo_jax import parallel
 from matpo_jax.config import ConfigError, load_config_file, to_typed
 from matpo_jax.planning import fit, step_plan
 from matpo_jax.run.fit_check import check_config_fits
@@ -60,6 +61,37 @@ def test_too_many_decode_slots_are_refused_in_one_line_naming_the_fields():
     assert "rollout.max_context=1024" in message and "mesh data=1, fsdp=8, tensor=1" in message
     assert "16 slots fit" in message  # 2 per chip x 8 shards: the count the check then accepts
     assert check_config_fits(tiny(decode_slots=16), budget).slots_that_fit == 16
+
+
+def test_a_paged_cache_counts_its_pool_of_pages_not_slots_times_context():
+    c = load_config_file(TINY)
+    c.rollout.decode_slots, c.rollout.kv_cache, c.rollout.kv_page_size = 32, "paged", 64
+    c.rollout.kv_pages = 64  # 4,096 tokens in flight: a mean 128 a slot of 1,024
+    c.mesh.update(data=1, fsdp=1, tensor=2)
+    cfg = to_typed(c, check_files=False)
+    mesh = make_mesh_over(2, tensor=2)
+    estimate = check_config_fits(cfg, GIB, mesh)
+    arch = cfg.model.arch
+    page = (arch.num_hidden_layers * arch.num_key_value_heads // 2 * arch.head_dim * 64 * 2
+            * np.dtype(cfg.model.dtype).itemsize)
+    assert estimate.kv_cache == 64 * page  # a dense cache: 32 x 16 pages' worth
+    room = estimate.parameters + estimate.optimizer_state + estimate.slot_buffers + 40 * page
+    with pytest.raises(ConfigError) as refused:
+        check_config_fits(cfg, room, mesh)
+    message = str(refused.value)
+    assert message.startswith("rollout.kv_pages=64 does not fit: a pool of 64 pages")
+    assert "40 pages fit (2,560 tokens in flight, a mean 80 a slot)" in message
+    c.rollout.kv_pages = 40
+    assert check_config_fits(to_typed(c, check_files=False), room, mesh) is not None
+    c.mesh.update(data=1, fsdp=2, tensor=1)
+    with pytest.raises(ConfigError, match=r"rollout\.kv_cache=paged splits its pages over "
+                       r"mesh\.tensor only .* data x fsdp = 2"):
+        check_config_fits(to_typed(c, check_files=False), GIB, make_mesh_over(2, fsdp=2))
+
+
+def make_mesh_over(devices, data=1, fsdp=1, tensor=1):
+    return parallel.make_mesh(data=data, fsdp=fsdp, tensor=tensor,
+                              devices=jax.devices()[:devices])
 
 
 def test_a_model_too_large_for_its_chips_names_the_mesh():

@@ -2,6 +2,7 @@
 slice on this CPU machine, per-chip memory accounted from the shardings, a decode batch that does
 not fit detected (XLA's out-of-memory answer) and the slots that do fit compiled; configs translate
 into plan inputs; the markdown table reads the JSON."""
+import dataclasses
 import json
 import math
 
@@ -189,3 +190,34 @@ def test_a_lora_train_step_compiles_with_the_base_frozen():
     assert memory["gradients"] == adapter_bytes
     assert 2 * adapter_bytes <= memory["optimizer_state"] <= 2 * adapter_bytes + 64
     assert plan["model"]["trained_parameters"] * 4 == adapter_bytes
+
+
+def test_a_paged_decode_step_compiles_per_tensor_shard_with_the_pool_sized_by_its_pages():
+    """rollout.kv_cache=paged in the plan: the decode step runs the TPU paged kernel per tensor
+    shard, each chip holds its kv heads of a pool of kv_pages pages (not slots x max_context),
+    and a mesh that splits the slots is refused as the sampler refuses it."""
+    pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
+    model = DecoderConfig(vocab_size=512, hidden_size=256, intermediate_size=256,
+                          num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                          head_dim=128, dtype="bfloat16")
+    inputs = step_plan.PlanInputs(
+        model=model, mesh_shape=dict(data=1, fsdp=1, tensor=4), rows=4, row_length=128,
+        step=ts.TrainStepConfig(remat="full", scan_layers=True, loss=LOSS),
+        optimizer=ts.OptimizerConfig(), decode_slots=8, max_context=8192, kv_cache="paged",
+        kv_page_size=64, kv_pages=8 * 1024 // 64)  # a mean 1,024 tokens a slot
+    plan = step_plan.make_plan(inputs, parse_topology("v5e:2x2"), train=False)
+    decode = plan["decode_step"]
+    assert decode["attention"] == {"decode": "paged_tpu"}
+    assert decode["memory_per_chip"]["compiled"] and decode["fits"]
+    assert (decode["kv_pages"], decode["kv_mean_tokens_per_slot"]) == (128, 1024)
+    # K and V pools of 2 layers, 1 of 4 kv heads a chip, 128 pages x 64 x 128, bfloat16; the
+    # replicated page tables [8, 128], lengths [8], reference counts and free stack [128].
+    pool = 2 * 2 * 1 * 128 * 64 * 128 * 2
+    assert decode["memory_per_chip"]["kv_cache"] == pool + 4 * (8 * 128 + 8 + 128 + 128 + 1) + 1
+    dense = step_plan.make_plan(dataclasses.replace(inputs, kv_cache="dense"),
+                                parse_topology("v5e:2x2"), train=False)["decode_step"]
+    assert dense["memory_per_chip"]["kv_cache"] >= 8 * pool
+    assert "paged: 128 pages of 64 tokens" in "\n".join(step_plan.summary_lines(plan))
+    with pytest.raises(ValueError, match=r"data x fsdp = 4"):
+        step_plan.make_plan(dataclasses.replace(inputs, mesh_shape=dict(data=1, fsdp=4, tensor=1)),
+                            parse_topology("v5e:2x2"), train=False)

@@ -1,9 +1,10 @@
-"""How many decode slots fit a per-chip budget: the KV-cache arithmetic and the start-up error."""
+"""How many decode slots fit a per-chip budget: the KV-cache arithmetic (dense, and a paged pool)
+and the start-up errors."""
 import pytest
 
 from matpo_jax.model import DecoderConfig
-from matpo_jax.sampler.capacity import (DecodeSlotsError, check_decode_slots, decode_slot_budget,
-                                        kv_bytes_per_slot)
+from matpo_jax.sampler.capacity import (DecodeSlotsError, check_decode_slots, check_paged_pool,
+                                        decode_slot_budget, kv_bytes_per_slot, page_bytes)
 
 # Qwen3-4B: 36 layers, 8 kv heads of 128, vocabulary 151,936; the cache in bfloat16.
 QWEN3_4B = DecoderConfig(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
@@ -44,3 +45,22 @@ def test_slots_that_do_not_split_over_the_batch_shards_are_rejected():
     with pytest.raises(DecodeSlotsError, match=r"decode_slots=100 is not a multiple of mesh "
                                                r"data x fsdp = 8"):
         check_decode_slots(100, QWEN3_4B, 4096, 8 * GIB, data=2, fsdp=4, tensor=1)
+
+
+def test_a_paged_pool_costs_its_pages_whatever_the_slots():
+    # Qwen3-4B over tensor 8: a 64-token page of every layer's K and V is 1.1 MiB a chip.
+    page = 36 * 1 * 128 * 64 * 2 * 2
+    assert page_bytes(QWEN3_4B, 64, tensor=8) == page
+    # 64 slots at the paper's 40,960-token context, a pool for a mean 4,096 tokens a slot.
+    pages = 64 * 4096 // 64
+    budget = check_paged_pool(64, QWEN3_4B, 40960, 8 * GIB, pages=pages, page_size=64, tensor=8,
+                              max_turn=8192)
+    assert budget.kv_bytes_per_slot == pages * page // 64  # the pool's mean a slot
+    assert budget.other_bytes_per_slot == 4 * 151936 + 8 * 8192 + 4 * (40960 // 64 + 1)
+    assert budget.slots_that_fit == 8 * GIB // budget.bytes_per_slot == 112
+    # The dense cache at the same context: 11 slots a chip.
+    assert decode_slot_budget(QWEN3_4B, 40960, 8 * GIB, tensor=8).slots_per_chip == 11
+    with pytest.raises(DecodeSlotsError, match=r"^rollout\.kv_pages=8192 does not fit: a pool of "
+                       r"8192 pages needs 9,216\.0 MiB per chip \(a page is 36 layers x 1 kv "
+                       r"heads x 128 x 64 tokens x 2 x 2 bytes = 1\.1 MiB\)"):
+        check_paged_pool(64, QWEN3_4B, 40960, 8 * GIB, pages=8192, page_size=64, tensor=8)

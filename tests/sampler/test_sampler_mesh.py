@@ -1,11 +1,13 @@
 """The slot loop over a mesh: the KV cache split over slots (data x fsdp) and kv heads (tensor)
-decodes exactly what the unsharded loop decodes, and no device holds the whole cache."""
+decodes exactly what the unsharded loop decodes, and no device holds the whole cache; a paged
+cache split over kv heads does the same."""
 import jax
 import numpy as np
 import pytest
 
 from matpo_jax import parallel
-from matpo_jax.sampler.loop import mesh_of, run_slots
+from matpo_jax.sampler.host_protocol import SlotProtocolError
+from matpo_jax.sampler.loop import PagedCache, mesh_of, run_slots
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,54 @@ def test_each_device_holds_its_share_of_the_cache(split_model, shapes, mesh):
     heads = config.num_key_value_heads
     assert f"f32[{shapes.slots},{heads},{d},{n}]" not in text
     assert f"f32[{shapes.slots},{heads},{n},{d}]" not in text
+
+
+@pytest.fixture(scope="module")
+def tensor_mesh():
+    # The tiny model's 2 kv heads (and 4 query heads) over tensor=2; no batch split.
+    return parallel.make_mesh(data=1, fsdp=1, tensor=2, devices=jax.devices()[:2])
+
+
+def test_a_paged_cache_over_tensor_decodes_what_the_unsharded_loop_does(
+        split_model, scripted_host, shapes, greedy, tensor_mesh):
+    graphdef, state = split_model
+    paged = PagedCache(page_size=8)
+    sharded_state = jax.device_put(state, parallel.param_shardings(state, tensor_mesh))
+    reference, _ = _two_turns(state, graphdef, scripted_host, shapes, greedy)
+    sharded, stats = _two_turns(sharded_state, graphdef, scripted_host, shapes, greedy,
+                                paged=paged)
+    assert not stats.hit_limit
+    assert sharded.tokens == reference.tokens
+    np.testing.assert_allclose(np.concatenate(sharded.logprobs),
+                               np.concatenate(reference.logprobs), rtol=0, atol=1e-5)
+
+
+def test_each_device_holds_its_kv_heads_of_the_page_pool(split_model, shapes, tensor_mesh):
+    """The pool [kv_heads, pages, page_size, head_dim] is split on kv heads: each device's buffers
+    are [1, pages, ...] and the whole [2, pages, ...] pool appears nowhere in the program."""
+    from matpo_jax.sampler import loop
+    graphdef, state = split_model
+    config = loop.nnx.merge(graphdef, state).config
+    paged = PagedCache(page_size=8)
+    buckets = loop.normalize_buckets(None, shapes.max_len)
+    args = loop._prefix_arrays((), buckets, shapes.max_len)
+    profiles, truncation = loop.profile_settings(
+        (loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn),))
+    lowered = loop._slot_loop.lower(
+        graphdef, jax.device_put(state, parallel.param_shardings(state, tensor_mesh)),
+        jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args, profiles,
+        slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn, buckets=buckets,
+        lanes=1, truncation=truncation, stop_tables=((),), mesh=tensor_mesh, paged=paged)
+    text = lowered.compile().as_text()
+    pages, d = paged.pool(shapes.slots, 0, shapes.max_len), config.head_dim
+    assert f"f32[1,{pages},8,{d}]" in text
+    assert f"f32[{config.num_key_value_heads},{pages},8,{d}]" not in text
+
+
+def test_a_paged_cache_is_refused_where_the_mesh_splits_the_slots(
+        split_model, scripted_host, shapes, greedy, mesh):
+    graphdef, state = split_model
+    sharded_state = jax.device_put(state, parallel.param_shardings(state, mesh))
+    with pytest.raises(SlotProtocolError, match=r"data x fsdp = 3 .*rollout\.kv_cache=dense"):
+        _two_turns(sharded_state, graphdef, scripted_host, shapes, greedy,
+                   paged=PagedCache(page_size=8))
