@@ -235,9 +235,11 @@ def table(results: dict, noises, hops_keys) -> str:
 
 
 def training_stats(workdir: str) -> dict[str, float]:
-    """What the successors claim to change, from one run's RL steps (metrics.jsonl): the rollout
-    reward of its last 5 steps, the gradient-norm spikes (> 3x the running median, METHOD 11),
-    the largest gradient norm, and the share of clipped tokens per role."""
+    """What the successors and the LoRA variants claim to change, from one run's RL steps
+    (metrics.jsonl): the rollout reward of its last 5 steps, the gradient-norm spikes (> 3x the
+    running median, METHOD 11), the largest gradient norm, the share of clipped tokens per role,
+    the mean gradient norm of each role's tokens (`rl.role_grad_norms`) and the median seconds
+    of a step's rollouts and update."""
     # One record per step: a resumed run's redone steps count once.
     steps = [row for row in metrics_lib.load_metrics(os.path.join(workdir, "metrics.jsonl"))
              if "loss" in row]
@@ -250,14 +252,23 @@ def training_stats(workdir: str) -> dict[str, float]:
         fracs = [r[f"{role}/clip_frac"] for r in steps if f"{role}/clip_frac" in r]
         if fracs:
             stats[f"clip_frac/{role}"] = float(np.mean(fracs))
+        norms = [r[f"{role}/grad_norm"] for r in steps if f"{role}/grad_norm" in r]
+        if norms:
+            stats[f"grad_norm/{role}"] = float(np.mean(norms))
+    for phase in ("rollout", "update"):
+        seconds = [r[f"time_{phase}_s"] for r in steps if f"time_{phase}_s" in r]
+        if seconds:
+            stats[f"step_s/{phase}"] = float(np.median(seconds))
     return stats
 
 
 def stability_table(results: dict, noise: str) -> str:
     """Per method at one noise level: test accuracy, final rollout reward, gradient-norm spikes
-    and the largest norm, clipped tokens per role (mean ± sd over seeds)."""
+    and the largest norm, clipped tokens per role, each role's mean gradient norm, and a step's
+    seconds of rollouts and update (mean ± sd over seeds)."""
     lines = ["| method | accuracy | reward, last 5 steps | grad-norm spikes | largest grad norm "
-             "| clipped tokens (planner / worker) |", "|---|---|---|---|---|---|"]
+             "| clipped tokens (planner / worker) | grad norm (planner / worker) | step s "
+             "(rollouts / update) |", "|---|---|---|---|---|---|---|---|"]
     for variant, runs in results.get(noise, {}).items():
         stats = [training_stats(r["workdir"]) for r in runs]
         acc = _percent(runs, "final_eval", "eval/accuracy")
@@ -268,9 +279,15 @@ def stability_table(results: dict, noise: str) -> str:
         clip = " / ".join(cell(f"clip_frac/{role}", 100, 1) + "%"
                           for role in ("planner", "worker")
                           if any(f"clip_frac/{role}" in s for s in stats))
+        def pair(prefix, names, digits):
+            cells = [cell(f"{prefix}/{name}", digits=digits) for name in names
+                     if any(f"{prefix}/{name}" in s for s in stats)]
+            return " / ".join(cells) or "-"
         lines.append(f"| {variant} ({len(runs)} seeds) | {np.mean(acc):.1f} ± {np.std(acc):.1f} | "
                      f"{cell('reward_last5')} | {cell('grad_norm_spikes', digits=1)} | "
-                     f"{cell('grad_norm_max')} | {clip or '-'} |")
+                     f"{cell('grad_norm_max')} | {clip or '-'} | "
+                     f"{pair('grad_norm', ('planner', 'worker'), 3)} | "
+                     f"{pair('step_s', ('rollout', 'update'), 1)} |")
     return "\n".join(lines)
 
 

@@ -128,16 +128,21 @@ def test_stability_table_reads_each_runs_training_steps(tmp_path):
         rows = [{"step": 0, "eval/accuracy": 0.1}]  # an evaluation row: not a training step
         rows += [{"step": i + 1, "loss": 0.1, "reward/mean": 0.2 * (i + seed), "grad_norm": n,
                   "grad_norm_spikes": spikes, "planner/clip_frac": 0.1 * seed,
-                  "worker/clip_frac": 0.0} for i, n in enumerate(norms)]
+                  "worker/clip_frac": 0.0, "planner/grad_norm": n / 2, "worker/grad_norm": n,
+                  "time_rollout_s": 10.0 + i + seed, "time_update_s": 4.0}
+                 for i, n in enumerate(norms)]
         (workdir / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
         runs.append({"workdir": str(workdir), "final_eval": {"eval/accuracy": 0.3 + 0.1 * seed}})
     stats = reproduce.training_stats(runs[1]["workdir"])
     assert stats == {"reward_last5": pytest.approx(0.3), "grad_norm_spikes": 3.0,
                      "grad_norm_max": 2.0, "clip_frac/planner": pytest.approx(0.1),
-                     "clip_frac/worker": 0.0}
+                     "clip_frac/worker": 0.0, "grad_norm/planner": 1.0, "grad_norm/worker": 2.0,
+                     "step_s/rollout": 11.5, "step_s/update": 4.0}
     row = reproduce.stability_table({"0.6": {"setwise": runs}}, "0.6").splitlines()[2]
+    # seed 0: planner norms 0.5, 2.0 (mean 1.25), rollouts 10, 11 s (median 10.5)
     assert row == ("| setwise (2 seeds) | 35.0 ± 5.0 | 0.20 ± 0.10 | 2.0 ± 1.0 | 3.00 ± 1.00 | "
-                   "5.0 ± 5.0% / 0.0 ± 0.0% |")
+                   "5.0 ± 5.0% / 0.0 ± 0.0% | 1.125 ± 0.125 / 2.250 ± 0.250 | "
+                   "11.0 ± 0.5 / 4.0 ± 0.0 |")
 
 
 def test_per_seed_table_matches_each_seed_with_matpos_run_of_that_seed():
