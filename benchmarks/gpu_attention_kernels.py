@@ -12,6 +12,9 @@ is committed. Random weights with the Qwen3-0.6B and Qwen3-4B shapes, bfloat16. 
      slots (xla), and a paged cache (rollout.kv_cache=paged, 64-token pages, a pool of the
      filled pages) read by xla's gather and by the Pallas paged kernel (paged_gpu); ms per step
      against the HBM-bandwidth floor of reading the weights once plus the filled KV cache.
+     max_len is the largest power of two whose dense cache fits 70% of the GPU's memory beside
+     the weights (batch 64 x 16,384 tokens of Qwen3-4B alone would be 155 GB), at most 16,384;
+     the fills are a sixteenth, a quarter and all of it.
 Every row names what actually ran (`ran`: a kernel that cannot express a rule falls back, e.g.
 pallas_gpu with shared prompts runs xla, and the note says so). Output: one JSON on stdout and
 benchmarks/results/gpu_attention_kernels_<device>.json.
@@ -223,6 +226,26 @@ def decode_rows(config: DecoderConfig, batch, max_len, fills, repeats, bandwidth
     return out
 
 
+def decode_shape(config: DecoderConfig, batch: int, limit: int = 16384) -> dict:
+    """batch, max_len and fills of the decode rows on this device (see the header)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    memory = stats.get("bytes_limit")
+    itemsize = jnp.dtype(config.dtype).itemsize
+    weights = itemsize * (config.vocab_size * config.hidden_size * (
+        1 if config.tie_word_embeddings else 2) + config.num_hidden_layers * (
+        config.hidden_size * config.head_dim * (2 * config.num_attention_heads
+                                                 + 2 * config.num_key_value_heads)
+        + 3 * config.hidden_size * config.intermediate_size))
+    per_token = 2 * config.num_hidden_layers * batch * config.num_key_value_heads * \
+        config.head_dim * itemsize
+    max_len = limit
+    while memory and max_len > 256 and weights + per_token * (max_len + PAGE_SIZE) > 0.7 * memory:
+        max_len //= 2
+    # A page past the largest fill holds the step's new token.
+    return dict(batch=batch, max_len=max_len + PAGE_SIZE,
+                fills=(max_len // 16, max_len // 4, max_len))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, any backend, no file")
@@ -234,7 +257,7 @@ def main():
         decode = dict(batch=4, max_len=320, fills=(64, 256))
     else:
         models, rows, length, repeats = QWEN3, 2, 8192, 5
-        decode = dict(batch=64, max_len=16448, fills=(1024, 4096, 16384))
+        decode = None  # per model: decode_shape
     report = {"device": kind, "backend": jax.default_backend(), "jax": jax.__version__,
               "host": platform.node(), "peak_bf16_flops": peak, "hbm_bytes_per_s": bandwidth,
               "rows": rows, "row_length": length, "models": {}}
@@ -244,7 +267,8 @@ def main():
         report["models"][name] = {
             "attention_fwd_bwd": attention_rows(config, rows, length, repeats),
             "train_fwd_bwd": train_rows(config, rows, length, repeats, peak),
-            "decode": decode_rows(config, repeats=repeats, bandwidth=bandwidth, **decode),
+            "decode": decode_rows(config, repeats=repeats, bandwidth=bandwidth,
+                                  **(decode or decode_shape(config, batch=64))),
             "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(report, indent=1))
     if not args.smoke:
