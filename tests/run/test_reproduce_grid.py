@@ -243,21 +243,34 @@ def test_the_tables_command_names_every_flag_that_shaped_the_runs():
                            "'model.hf_checkpoint=/w,pretrain.listing_fraction=0.3'")
 
 
-def test_lora_variants_train_their_adapters_in_their_own_sft_and_in_rl(tmp_path):
+def test_lora_variants_train_adapters_over_matpos_exported_sft_result(tmp_path):
     jobs = {j.name: j for j in reproduce.plan(
         str(tmp_path), ["0.6"], ["0", "1"], ["matpo", "matpo_lora", "matpo_lora_per_role"],
         ["0.6"], None, [])}
     assert set(reproduce.LORA_VARIANTS) == {"matpo_lora", "matpo_lora_per_role"}
-    assert not set(reproduce.LORA_VARIANTS) & set(reproduce.ABLATIONS)
+    assert not set(reproduce.LORA_VARIANTS) & set(reproduce.ABLATIONS + reproduce.SUCCESSORS)
+    # No SFT of their own: MATPO's SFT result, exported once, is their frozen base.
+    assert not any(n.startswith("sft_matpo_lora") for n in jobs)
+    export = jobs["sft_matpo_noise0.6_hf"]
+    sft = f"{tmp_path}/runs/sft_matpo_noise0.6"
+    assert export.command[1:] == ["-m", "matpo_jax.export", f"--checkpoint={sft}/checkpoints/sft",
+                                  f"--out={sft}_hf"]
+    assert export.after == ("sft_matpo_noise0.6",)
     for variant in reproduce.LORA_VARIANTS:
-        runs = [jobs[f"sft_{variant}_noise0.6"]] + [jobs[f"{variant}_noise0.6_seed{s}"]
-                                                      for s in ("0", "1")]
-        for job in runs:
+        for seed in ("0", "1"):
+            job = jobs[f"{variant}_noise0.6_seed{seed}"]
             assert "--config.model.lora.rank=16" in job.command
             per_role = "--config.model.lora.roles=per_role" in job.command
             assert per_role == (variant == "matpo_lora_per_role")
-        start = [a for a in runs[1].command if a.startswith("--config.sft.init_checkpoint=")]
-        assert start == [f"--config.sft.init_checkpoint={tmp_path}/runs/sft_{variant}_noise0.6"
-                         "/checkpoints/sft"]
-    # full fine-tuning stays as it was
-    assert not any("model.lora" in a for a in jobs["matpo_noise0.6_seed0"].command)
+            assert {f"--config.model.hf_checkpoint={sft}_hf", "--config.sft.steps=0",
+                    "--config.sft.copy_steps=0"} <= set(job.command)
+            assert not any(a.startswith("--config.sft.init_checkpoint") for a in job.command)
+            # the SFT start's evaluation is MATPO's seed 0's (zero adapters: the same function)
+            assert job.after == ("sft_matpo_noise0.6_hf", "matpo_noise0.6_seed0")
+            assert job.before_start is not None
+    # the export runs before the first LoRA run that needs it, and full fine-tuning is as it was
+    names = [j.name for j in reproduce.plan(
+        str(tmp_path), ["0.6"], ["0"], ["matpo", "matpo_lora"], ["0.6"], None, [])]
+    assert names.index("sft_matpo_noise0.6_hf") < names.index("matpo_lora_noise0.6_seed0")
+    assert not any("model.lora" in a or "hf_checkpoint" in a
+                   for a in jobs["matpo_noise0.6_seed0"].command)
