@@ -17,7 +17,8 @@ from matpo_jax.planning import accounting
 from matpo_jax.planning.step_plan import PlanInputs, abstract_model, abstract_train_state
 from matpo_jax.planning.topology import chip_for_device_kind
 from matpo_jax.sampler.capacity import (DecodeSlotsError, check_decode_slots, check_paged_pool,
-                                        decode_slot_budget, page_bytes, paged_slot_budget)
+                                        decode_slot_budget, page_bytes, paged_mesh_refusal,
+                                        paged_slot_budget)
 from matpo_jax.trainer import step as step_lib
 
 GiB = 2 ** 30
@@ -116,11 +117,9 @@ def check_fits(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
 
 
 def _paged_problems(inputs: PlanInputs, mesh, room: int) -> list[str]:
-    shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if shards > 1:
-        return [f"rollout.kv_cache=paged splits its pages over mesh.tensor only and this mesh "
-                f"splits the slots over data x fsdp = {shards}: set mesh.data = mesh.fsdp = 1 "
-                "or use the dense cache"]
+    refusal = paged_mesh_refusal(mesh.shape["data"] * mesh.shape["fsdp"])
+    if refusal:
+        return [refusal]
     try:
         check_paged_pool(inputs.decode_slots, inputs.model, inputs.max_context, room,
                          pages=inputs.kv_pool_pages(inputs.decode_slots),

@@ -28,6 +28,7 @@ from matpo_jax.model.decoder import init_cache
 from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.planning import accounting
 from matpo_jax.planning.topology import Topology
+from matpo_jax.sampler.capacity import paged_mesh_refusal
 from matpo_jax.trainer import step as step_lib
 from matpo_jax.trainer.packing import PackedBatch
 
@@ -385,11 +386,9 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
     fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
-    batch_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
-    if decode and inputs.kv_cache == "paged" and batch_shards > 1:
-        raise ValueError(f"rollout.kv_cache=paged splits its pages over mesh.tensor only and mesh "
-                         f"{dict(mesh.shape)} splits the slots over data x fsdp = {batch_shards}: "
-                         "plan it with mesh.data = mesh.fsdp = 1, or the dense cache")
+    refusal = paged_mesh_refusal(math.prod(mesh.shape[a] for a in parallel.BATCH_AXES))
+    if decode and inputs.kv_cache == "paged" and refusal:
+        raise ValueError(refusal)
     graphdef, params, frozen = abstract_model(inputs.model, inputs.lora)
     chip = topology.chip
     plan = {

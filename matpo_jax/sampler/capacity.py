@@ -107,6 +107,16 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:,.1f} MiB"
 
 
+def paged_mesh_refusal(batch_shards: int) -> str | None:
+    """Why a paged cache cannot run on a mesh that splits the slots over `batch_shards` (data x
+    fsdp) shards, or None where it can (the sampler, the plan and the fit check all ask)."""
+    if batch_shards <= 1:
+        return None
+    return (f"rollout.kv_cache=paged splits its pages over mesh.tensor only and this mesh splits "
+            f"the slots over data x fsdp = {batch_shards} (a pool per batch shard is not built): "
+            "set mesh.data = mesh.fsdp = 1 or use the dense cache (rollout.kv_cache=dense)")
+
+
 def page_bytes(config: DecoderConfig, page_size: int, tensor: int = 1,
                dtype: str | None = None) -> int:
     """One page of a paged cache on one chip: page_size positions of every layer's K and V."""

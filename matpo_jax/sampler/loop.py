@@ -54,6 +54,7 @@ from matpo_jax.model.decoder import KVCache, init_cache
 from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.parallel.mesh import BATCH_AXES
 from matpo_jax.parallel.partitioning import cache_shardings, fit_spec
+from matpo_jax.sampler.capacity import paged_mesh_refusal
 from matpo_jax.sampler.host_protocol import (STOP_CACHE_FULL, STOP_NONE, STOP_TURN_CAP,
                                              HostSession, SlotEvents, SlotHost, SlotInjection,
                                              SlotLoopStats, SlotProtocolError, call_host,
@@ -379,12 +380,10 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         if max_len % paged.page_size:
             raise SlotProtocolError(f"a paged KV cache needs max_len ({max_len}) to be a multiple "
                                     f"of its page size ({paged.page_size})")
-        batch_shards = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
-        if batch_shards > 1:
-            raise SlotProtocolError(
-                f"a paged KV cache splits its pages over mesh.tensor only; this mesh splits the "
-                f"slots over data x fsdp = {batch_shards} (a pool per batch shard is not built): "
-                "use the dense cache (rollout.kv_cache=dense) or mesh.data = mesh.fsdp = 1")
+        refusal = paged_mesh_refusal(
+            1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES))
+        if refusal:
+            raise SlotProtocolError(refusal)
     rng = jax.random.key(0) if rng is None else rng
     prefix_tokens, prefix_lengths = _prefix_arrays(prefixes, buckets, max_len, prefix_rows)
     prefix_role_ids = np.zeros(prefix_tokens.shape[0], np.int32)

@@ -4,7 +4,8 @@ import pytest
 
 from matpo_jax.model import DecoderConfig
 from matpo_jax.sampler.capacity import (DecodeSlotsError, check_decode_slots, check_paged_pool,
-                                        decode_slot_budget, kv_bytes_per_slot, page_bytes)
+                                        decode_slot_budget, kv_bytes_per_slot, page_bytes,
+                                        paged_mesh_refusal)
 
 # Qwen3-4B: 36 layers, 8 kv heads of 128, vocabulary 151,936; the cache in bfloat16.
 QWEN3_4B = DecoderConfig(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
@@ -64,3 +65,10 @@ def test_a_paged_pool_costs_its_pages_whatever_the_slots():
                        r"8192 pages needs 9,216\.0 MiB per chip \(a page is 36 layers x 1 kv "
                        r"heads x 128 x 64 tokens x 2 x 2 bytes = 1\.1 MiB\)"):
         check_paged_pool(64, QWEN3_4B, 40960, 8 * GIB, pages=8192, page_size=64, tensor=8)
+
+
+def test_a_paged_cache_is_refused_only_where_the_mesh_splits_the_slots():
+    assert paged_mesh_refusal(1) is None
+    assert paged_mesh_refusal(4).startswith(
+        "rollout.kv_cache=paged splits its pages over mesh.tensor only and this mesh splits the "
+        "slots over data x fsdp = 4")
