@@ -30,6 +30,16 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
+# Synchronous dispatch on the CPU client of this process (read when jax creates the client, so set
+# before any test runs; the runs the tests start as subprocesses keep the default). The Pallas TPU
+# interpreter runs a kernel through host callbacks that themselves run jax operations; dispatched
+# asynchronously, such an operation can queue behind the computation that waits for the callback,
+# and the process waits forever (seen once in `make test`: a `paged_tpu` decode, its callback
+# thread stopped in a jnp multiply, the test worker idle). Synchronously, each runs in its caller.
+import jax  # noqa: E402  (after XLA_FLAGS and JAX_PLATFORMS above)
+
+jax.config.update("jax_cpu_enable_async_dispatch", False)
+
 pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.rl_batches",
                   "fixtures.mesh", "fixtures.compile_cache", "fixtures.qwen3_real_tokenizer",
                   "fixtures.smollm2"]
@@ -43,10 +53,20 @@ pytest_plugins = ["fixtures.servers_and_chat", "fixtures.hf_models", "fixtures.r
 # after the other on one worker. Side by side (Dec 2, a fresh clone on an idle 2-core machine)
 # they took 451 and 385 s and the whole suite 25.5 min, with 5 busy processes on the 2 cores.
 LONGEST_FIRST = ("run/test_multiprocess.py", "notebooks/test_notebook_runs.py",
-                 "run/test_end_to_end.py", "run/test_real_path.py",
-                 "trainer/test_training_fault_injection.py", "run/test_gcs_workdir.py",
-                 "run/test_pretrain.py", "agents/test_rollout_e2e.py",
-                 "agents/test_rollout_qwen3_real.py", "run/test_evaluate_cli.py")
+                 "run/test_end_to_end.py",
+                 # then by time measured on Dec 7 (pytest --durations beside a training run):
+                 "run/test_lora_run.py", "run/test_real_path.py",
+                 "agents/test_rollout_smollm2_real.py",
+                 "trainer/test_training_fault_injection.py",
+                 "model/test_sharded_kernel_attention.py", "sampler/test_sampling_profiles.py",
+                 "trainer/test_stability_metrics.py", "model/test_smollm2_real.py",
+                 "model/test_lora_adapters.py", "trainer/test_loop.py",
+                 "trainer/test_rollout_correction.py", "agents/test_rollout_limits.py",
+                 "trainer/test_lora_train_step.py", "model/test_peft_export.py",
+                 "run/test_evaluate_cli.py", "run/test_gcs_workdir.py",
+                 "model/test_paged_decoding.py", "trainer/test_train_step_exactness.py",
+                 "sampler/test_sampler_mesh.py", "run/test_pretrain.py",
+                 "agents/test_rollout_e2e.py", "agents/test_rollout_qwen3_real.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,6 +23,7 @@ QUESTIONS = ["Where was the founder of the Northwind Company born?",
 # log_softmax of the full forward vs the sampler's, cached decode path: float32 over 30 layers
 # differs by ~1e-4 in the logits (test_smollm2_real.py), so by ~2e-4 in a log-probability.
 LOGPROB_TOL = 2e-3
+BUCKET = 256  # the teacher-forced forward's length step
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,11 @@ def test_episodes_record_the_models_own_logprobs(smollm2_policy, toolbox):
         sampled = [t for t, trained in zip(agent.tokens, agent.trainable) if trained]
         assert chat.decode(sampled).replace("<|im_end|>", "") == "".join(
             agent.assistant_texts).replace("<|im_end|>", "")
-        logprobs = np.asarray(forward(state, jnp.asarray(tokens[None]))[0])
+        # Padded at the end to a multiple of BUCKET (causal: no earlier row changes), so the
+        # trajectories share a few compiled forwards instead of one per length.
+        padded = np.zeros((1, -(-len(tokens) // BUCKET) * BUCKET), tokens.dtype)
+        padded[0, :len(tokens)] = tokens
+        logprobs = np.asarray(forward(state, jnp.asarray(padded))[0, :len(tokens)])
         positions = np.flatnonzero(agent.trainable)
         expected = logprobs[positions - 1, tokens[positions]]
         worst = max(worst, float(np.abs(expected - np.asarray(agent.logprobs)[positions]).max()))
