@@ -1,6 +1,7 @@
 """Shared pieces for the sampler tests: one tiny GQA Qwen3, a full-forward reference, and fixed
 loop shapes so every test file reuses the same few compilations of the slot loop."""
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -51,22 +52,31 @@ def split_model(tiny_model):
     return graphdef, state
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, tokens, role):
+    roles = None if role is None else jnp.full_like(tokens, role)
+    return nnx.merge(graphdef, state)(tokens, roles=roles)
+
+
 @pytest.fixture(scope="session")
-def full_logits(tiny_model):
-    """seq (list of ids, len <= MAX_LEN) -> float32 logits [len(seq), V] from the plain forward
-    pass (no cache), padded to MAX_LEN so it compiles once."""
-    graphdef, state = nnx.split(tiny_model)
+def padded_logits():
+    """(graphdef, state, seq, role=None) -> float32 logits [len(seq), V] from the plain forward
+    pass (no cache; `role`: that role's LoRA adapter on every token), the sequence padded at its
+    end to MAX_LEN so each model compiles once (causal: the padding changes no earlier row)."""
 
-    @jax.jit
-    def forward(state, tokens):
-        return nnx.merge(graphdef, state)(tokens)
-
-    def logits_of(seq):
+    def logits_of(graphdef, state, seq, role=None):
         padded = np.zeros((1, MAX_LEN), np.int32)
         padded[0, :len(seq)] = seq
-        return np.asarray(forward(state, jnp.asarray(padded))[0, :len(seq)])
+        return np.asarray(_forward(graphdef, state, jnp.asarray(padded), role)[0, :len(seq)])
 
     return logits_of
+
+
+@pytest.fixture(scope="session")
+def full_logits(tiny_model, padded_logits):
+    """seq (list of ids, len <= MAX_LEN) -> the tiny model's logits (padded_logits)."""
+    graphdef, state = nnx.split(tiny_model)
+    return lambda seq: padded_logits(graphdef, state, seq)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """Per-role LoRA adapters in ONE decode batch: a planner adapter and a worker adapter over one
 base; each slot decodes (and takes its injections, and starts from a prefix) with its role's
 adapter, so every trajectory's tokens and log-probs equal decoding it alone with its adapter."""
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,14 +50,15 @@ def test_each_trajectory_equals_decoding_it_alone_with_its_adapter(per_role_mode
 
 
 def test_recorded_logprobs_are_the_roles_adapter_and_not_the_others(per_role_model,
-                                                                     scripted_host, shapes):
+                                                                     scripted_host, shapes,
+                                                                     padded_logits):
     together = _decode(per_role_model, scripted_host, shapes, range(len(PROMPTS)))
     wrong_gap = 0.0
     for i, role in enumerate(ROLES):
         trained = np.flatnonzero(together.trainable[i])
         assert trained.size > 0
         for as_role in (role, 1 - role):
-            logp = _log_softmax_rows(per_role_model, together.tokens[i], as_role, shapes.max_len)
+            logp = _log_softmax_rows(padded_logits, per_role_model, together.tokens[i], as_role)
             full = logp[trained - 1, np.asarray(together.tokens[i])[trained]]
             recorded = np.asarray(together.logprobs[i])[trained]
             if as_role == role:
@@ -69,21 +68,11 @@ def test_recorded_logprobs_are_the_roles_adapter_and_not_the_others(per_role_mod
     assert wrong_gap > 1e-2  # the other role's adapter would have recorded other log-probs
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _teacher_forced(graphdef, state, tokens, role):
-    """log_softmax of the whole-sequence forward with one role's adapter on every token."""
-    model = nnx.merge(graphdef, state)
-    return jax.nn.log_softmax(model(tokens, roles=jnp.full_like(tokens, role)), axis=-1)
-
-
-def _log_softmax_rows(per_role_model, tokens, role, length):
-    """[len(tokens), vocab] teacher-forced log-probs. The sequence is padded at its end to one
-    `length` so every call runs one compiled program (causal: padding changes no earlier row)."""
-    graphdef, state = per_role_model
-    padded = np.zeros((1, length), np.int32)
-    padded[0, :len(tokens)] = tokens
-    rows = _teacher_forced(graphdef, state, jnp.asarray(padded), role)
-    return np.asarray(rows[0, :len(tokens)], np.float64)
+def _log_softmax_rows(padded_logits, per_role_model, tokens, role):
+    """[len(tokens), vocab] log-probs of the whole-sequence forward, role's adapter on every token."""
+    logits = padded_logits(*per_role_model, tokens, role).astype(np.float64)
+    logits = logits - logits.max(-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
 
 
 class _PrefixHost:
@@ -111,7 +100,8 @@ class _PrefixHost:
         return injection
 
 
-def test_prefixes_are_computed_with_the_adapter_of_their_role(per_role_model, shapes):
+def test_prefixes_are_computed_with_the_adapter_of_their_role(per_role_model, shapes,
+                                                              padded_logits):
     graphdef, state = per_role_model
     sampling = Sampling(temperature=1.0, max_turn_tokens=shapes.max_turn)
     host = _PrefixHost()
@@ -125,7 +115,7 @@ def test_prefixes_are_computed_with_the_adapter_of_their_role(per_role_model, sh
         start = len(PROMPTS[i])
         positions = np.arange(start, len(full))
         for as_role, close in ((role, True), (1 - role, False)):
-            reference = _log_softmax_rows(per_role_model, full, as_role, shapes.max_len)[
+            reference = _log_softmax_rows(padded_logits, per_role_model, full, as_role)[
                 positions - 1, np.asarray(tokens)]
             if close:
                 np.testing.assert_allclose(np.asarray(logprobs), reference, atol=1e-4)
