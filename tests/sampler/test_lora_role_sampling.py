@@ -2,7 +2,6 @@
 base; each slot decodes (and takes its injections, and starts from a prefix) with its role's
 adapter, so every trajectory's tokens and log-probs equal decoding it alone with its adapter."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
