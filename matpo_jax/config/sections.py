@@ -222,11 +222,13 @@ class RolloutSection(Section):
     # (model/paged_cache.py, docs/attention_kernels.md); on a TPU its decode steps can run the
     # paged kernel (model.attention.decode). The same tokens as dense, greedy.
     kv_cache: str = setting("dense", "the decode batch's KV cache: dense (decode_slots x "
-                            "max_context) or paged (one device so far)", choices=("dense", "paged"))
+                            "max_context) or paged (on a mesh: kv heads over tensor, a pool "
+                            "per data x fsdp shard)", choices=("dense", "paged"))
     kv_page_size: int = setting(64, "tokens per page of a paged KV cache (max_context must be a "
                                 "multiple)", range=AT_LEAST_ONE)
-    kv_pages: int = setting(0, "pages in a paged KV cache's pool (0: room for every slot and "
-                            "prompt prefix at max_context)", range=NON_NEGATIVE)
+    kv_pages: int = setting(0, "pages in a paged KV cache's pools, all batch shards together "
+                            "(a multiple of data x fsdp; 0: room for every slot and prompt prefix "
+                            "at max_context)", range=NON_NEGATIVE)
     # Off: prefill every prompt in full.
     reuse_prefixes: bool = setting(True, "compute each role's system turn (and each question's "
                                    "prompt, shared by its G samples) once per batch")

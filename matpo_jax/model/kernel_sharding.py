@@ -82,13 +82,15 @@ def per_shard(kernel: Callable, mesh: Mesh, q: jax.Array, k: jax.Array, v: jax.A
 def per_shard_paged(kernel: Callable, mesh: Mesh, q: jax.Array, k_pages: jax.Array,
                     v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array) -> jax.Array:
     """kernel(q [B, H, D], k_pages, v_pages [K, N, P, D], page_table, lengths) -> [B, H, D] under
-    shard_map over `mesh`: each chip its heads of every row and its kv heads of every page (the
-    layout `parallel.paged_cache_shardings` gives the pools); the page tables and lengths are
-    replicated, as the cache keeps them."""
+    shard_map over `mesh`: each chip its heads of its rows, its kv heads of its shard's pages (the
+    layout `parallel.paged_cache_shardings` gives the pools; on a mesh that splits the batch, each
+    batch shard's rows hold page ids of its own pool, paged_sharding.py)."""
     tensor = mesh.shape.get(TENSOR_AXIS, 1)
     split = tensor > 1 and q.shape[1] % tensor == 0 and k_pages.shape[0] % tensor == 0
     head_axis = TENSOR_AXIS if split else None
-    q_spec, pool_spec = P(None, head_axis, None), P(head_axis, None, None, None)
-    return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, pool_spec, pool_spec, P(), P()),
+    rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1) or None
+    q_spec, pool_spec = P(rows, head_axis, None), P(head_axis, rows, None, None)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, pool_spec, pool_spec, P(rows),
+                                                      P(rows)),
                          out_specs=q_spec, check_vma=False)(q, k_pages, v_pages, page_table,
                                                             lengths)

@@ -15,6 +15,10 @@ that crosses into a new page pops one (`reserve`, once per step for all layers),
 the pages whose count drops to zero. Running out of pages is never silent: `reserve` then maps
 nothing for that step, sets `overflow` (sticky; the caller checks it on the host) and the writes
 past a row's mapped pages are dropped, so no other row's page is overwritten.
+
+On a mesh that splits the rows over its batch axes, the cache is one such pool per batch shard
+(`init_paged_cache(shards=S)`; paged_sharding.py): page ids are local to a shard's pool, and
+every function here runs per shard. Its counters `num_free` and `overflow` are then [S].
 """
 from __future__ import annotations
 
@@ -23,22 +27,34 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from matpo_jax.model import paged_sharding
 from matpo_jax.model.cached_attention import MASKED_SCORE
 
 
 class PagedKVCache(NamedTuple):
     k: tuple  # per layer: [kv_heads, num_pages, page_size, head_dim]
     v: tuple  # per layer: [kv_heads, num_pages, page_size, head_dim]
-    page_table: jax.Array  # [rows, pages_per_row] int32; num_pages = no page
+    page_table: jax.Array  # [rows, pages_per_row] int32; no_page = no page
     lengths: jax.Array  # [rows] int32
     refcount: jax.Array  # [num_pages] int32: tables holding each page
     free: jax.Array  # [num_pages] int32: free[:num_free] are the free pages (a stack)
-    num_free: jax.Array  # () int32
-    overflow: jax.Array  # () bool: some reserve found too few free pages (sticky)
+    num_free: jax.Array  # () int32 ([S]: one stack per shard's slice of `free`)
+    overflow: jax.Array  # () bool: some reserve found too few free pages (sticky) ([S])
 
     @property
     def num_pages(self) -> int:
+        """Pages in the pool (all shards' pools together)."""
         return self.v[0].shape[1]
+
+    @property
+    def shards(self) -> int:
+        """Pools the cache is split into (paged_sharding.py); 1: one pool."""
+        return 1 if self.num_free.ndim == 0 else self.num_free.shape[0]
+
+    @property
+    def no_page(self) -> int:
+        """The table entry of an unmapped page: one past a shard's last page id."""
+        return self.num_pages // self.shards
 
     @property
     def page_size(self) -> int:
@@ -73,23 +89,39 @@ class PagedView(NamedTuple):
 
 
 def init_paged_cache(num_layers: int, kv_heads: int, head_dim: int, rows: int, max_len: int,
-                     num_pages: int, page_size: int, dtype=jnp.float32) -> PagedKVCache:
+                     num_pages: int, page_size: int, dtype=jnp.float32,
+                     shards: int = 1) -> PagedKVCache:
     """An empty cache of `num_pages` pages; each row may grow to max_len (a multiple of
     page_size) tokens. Sizing num_pages below rows * max_len / page_size is the point: the pool
-    holds the tokens expected in flight, not every row at its longest."""
+    holds the tokens expected in flight, not every row at its longest. shards > 1: a pool of
+    num_pages / shards pages per batch shard, each serving rows / shards rows (paged_sharding)."""
     if max_len % page_size:
         raise ValueError(f"max_len {max_len} is not a multiple of page_size {page_size}")
+    if shards > 1 and (rows % shards or num_pages % shards):
+        raise ValueError(f"a paged cache split over {shards} batch shards needs rows ({rows}) "
+                         f"and pages ({num_pages}) that are multiples of {shards}")
+    per_shard = num_pages // shards
     shape = (kv_heads, num_pages, page_size, head_dim)
+    # Popped from the top: page 0 (of each shard's pool) first.
+    stack = jnp.arange(per_shard - 1, -1, -1, dtype=jnp.int32)
+    counters = () if shards == 1 else (shards,)
     return PagedKVCache(
         k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
         v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
-        page_table=jnp.full((rows, max_len // page_size), num_pages, jnp.int32),
+        page_table=jnp.full((rows, max_len // page_size), per_shard, jnp.int32),
         lengths=jnp.zeros((rows,), jnp.int32),
         refcount=jnp.zeros((num_pages,), jnp.int32),
-        # Popped from the top: page 0 first.
-        free=jnp.arange(num_pages - 1, -1, -1, dtype=jnp.int32),
-        num_free=jnp.asarray(num_pages, jnp.int32),
-        overflow=jnp.asarray(False))
+        free=jnp.tile(stack, shards),
+        num_free=jnp.full(counters, per_shard, jnp.int32),
+        overflow=jnp.zeros(counters, bool))
+
+
+def empty_rows(cache: PagedKVCache, rows: int) -> PagedKVCache:
+    """The cache's pool with `rows` new empty rows instead of its own (tables kept aside, such
+    as a prompt store's; rows / shards of them per shard)."""
+    return cache._replace(
+        page_table=jnp.full((rows, cache.pages_per_row), cache.no_page, jnp.int32),
+        lengths=jnp.zeros((rows,), jnp.int32))
 
 
 def _pages_for(tokens: jax.Array, page_size: int) -> jax.Array:
@@ -97,13 +129,23 @@ def _pages_for(tokens: jax.Array, page_size: int) -> jax.Array:
 
 
 def pages_in_use(cache: PagedKVCache) -> jax.Array:
-    return cache.num_pages - cache.num_free
+    """Pages held by some table (all shards)."""
+    return cache.num_pages - jnp.sum(cache.num_free)
 
 
 def reserve(cache: PagedKVCache, new_lengths: jax.Array) -> PagedKVCache:
     """Maps pages so that every row b can hold new_lengths[b] tokens (rows already covering it
-    are left alone). All or nothing: if the free pages do not suffice, nothing is mapped and
-    `overflow` is set. Does not change `lengths` (the writes that follow do, via `advance`)."""
+    are left alone). All or nothing (per shard): if the free pages do not suffice, nothing is
+    mapped and `overflow` is set. Does not change `lengths` (the writes that follow do, via
+    `advance`)."""
+    if cache.shards != paged_sharding.current_shards():
+        raise ValueError(f"this paged KV cache has {cache.shards} pool(s) and the kernel mesh "
+                         f"splits the batch {paged_sharding.current_shards()} ways; "
+                         "init_paged_cache(shards=...) must match the mesh")
+    return paged_sharding.on_shards(_reserve, cache, new_lengths)
+
+
+def _reserve(cache: PagedKVCache, new_lengths: jax.Array) -> PagedKVCache:
     rows, per_row = cache.page_table.shape
     have = _pages_for(cache.lengths, cache.page_size)
     want = jnp.minimum(_pages_for(new_lengths, cache.page_size), per_row)
@@ -125,6 +167,10 @@ def reserve(cache: PagedKVCache, new_lengths: jax.Array) -> PagedKVCache:
 def advance(cache: PagedKVCache, new_lengths: jax.Array) -> PagedKVCache:
     """Records the writes of a step: lengths become new_lengths, capped at the mapped pages (a
     row whose reserve overflowed keeps only what it could write)."""
+    return paged_sharding.on_shards(_advance, cache, new_lengths)
+
+
+def _advance(cache: PagedKVCache, new_lengths: jax.Array) -> PagedKVCache:
     mapped = jnp.sum(cache.page_table < cache.num_pages, axis=1, dtype=jnp.int32)
     return cache._replace(lengths=jnp.minimum(new_lengths, mapped * cache.page_size))
 
@@ -135,14 +181,20 @@ def write(k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array, positio
     """One layer's new keys and values into their pages. positions [B, T]: each token's position
     in its row; k_new, v_new [B, T, kv_heads, head_dim]; num_valid [B]: tokens t >= num_valid[b]
     are padding and not written. Tokens whose page is not mapped are dropped."""
+    if num_valid is None:
+        num_valid = jnp.full(positions.shape[:1], positions.shape[1], jnp.int32)
+    return paged_sharding.write_on_shards(_write, k_pages, v_pages, page_table, positions, k_new,
+                                          v_new, num_valid)
+
+
+def _write(k_pages, v_pages, page_table, positions, k_new, v_new, num_valid):
     num_pages, page_size = k_pages.shape[1], k_pages.shape[2]
     per_row = page_table.shape[1]
     slot = jnp.clip(positions // page_size, 0, per_row - 1)
     page = jnp.take_along_axis(page_table, slot, axis=1)
     page = jnp.where(positions < per_row * page_size, page, num_pages)
-    if num_valid is not None:
-        t = jnp.arange(positions.shape[1], dtype=jnp.int32)[None, :]
-        page = jnp.where(t < num_valid[:, None], page, num_pages)
+    t = jnp.arange(positions.shape[1], dtype=jnp.int32)[None, :]
+    page = jnp.where(t < num_valid[:, None], page, num_pages)
     offset = positions % page_size
     # Advanced indices on axes 1 and 2 -> the update is [kv_heads, B, T, head_dim].
     k_pages = k_pages.at[:, page, offset].set(jnp.moveaxis(k_new, 2, 0).astype(k_pages.dtype),
@@ -155,6 +207,10 @@ def write(k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array, positio
 def release(cache: PagedKVCache, rows: jax.Array) -> PagedKVCache:
     """Empties the rows where rows[b] (bool [B]): their tables let go of their pages, and every
     page no table holds any more goes back on the free stack."""
+    return paged_sharding.on_shards(_release, cache, rows)
+
+
+def _release(cache: PagedKVCache, rows: jax.Array) -> PagedKVCache:
     held = (cache.page_table < cache.num_pages) & rows[:, None]
     dropped = jnp.zeros_like(cache.refcount).at[
         jnp.where(held, cache.page_table, cache.num_pages).reshape(-1)].add(1, mode="drop")
@@ -177,10 +233,31 @@ def share_pages(cache: PagedKVCache, src_table: jax.Array, dst: jax.Array, num_t
     table, or a table kept aside such as a prompt store's): the full pages by reference (the
     same page ids, counted once more), the partial last page copied into a fresh page (the dst
     row writes its next tokens there, so a shared page is never written through). A dst row is
-    released first."""
+    released first. One pool only (a sharded cache: `share_rows`)."""
+    if cache.shards > 1:
+        raise ValueError("share_pages takes row indices of a one-pool cache; a cache with a pool "
+                         "per batch shard shares through share_rows")
+    return _share_pages(cache, src_table, dst, num_tokens)
+
+
+def share_rows(cache: PagedKVCache, src_table: jax.Array, num_tokens: jax.Array,
+               starting: jax.Array) -> PagedKVCache:
+    """`share_pages` row by row: every row b with starting[b] restarts from the first
+    num_tokens[b] tokens of the pages src_table[b] (which must be in row b's shard's pool: a
+    table kept per shard, such as the slot loop's prompt store). Runs per shard."""
+
+    def local(cache, src_table, num_tokens, starting):
+        rows = cache.lengths.shape[0]
+        dst = jnp.where(starting, jnp.arange(rows, dtype=jnp.int32), rows)
+        return _share_pages(cache, src_table, dst, num_tokens)
+    return paged_sharding.on_shards(local, cache, src_table, num_tokens, starting)
+
+
+def _share_pages(cache: PagedKVCache, src_table: jax.Array, dst: jax.Array,
+                 num_tokens: jax.Array) -> PagedKVCache:
     rows = cache.lengths.shape[0]
     valid = dst < rows
-    cache = release(cache, jnp.zeros((rows,), bool).at[dst].set(True, mode="drop"))
+    cache = _release(cache, jnp.zeros((rows,), bool).at[dst].set(True, mode="drop"))
     page_size = cache.page_size
     full = num_tokens // page_size
     j = jnp.arange(cache.pages_per_row, dtype=jnp.int32)[None, :]
@@ -193,7 +270,7 @@ def share_pages(cache: PagedKVCache, src_table: jax.Array, dst: jax.Array, num_t
                            lengths=cache.lengths.at[dst].set(full * page_size, mode="drop"))
     # The partial page: a fresh page for dst, the src's tokens copied into it in every layer.
     target_lengths = cache.lengths.at[dst].set(num_tokens, mode="drop")
-    cache = reserve(cache, target_lengths)
+    cache = _reserve(cache, target_lengths)
     partial = valid & (num_tokens % page_size > 0)
     last = jnp.minimum(full, cache.pages_per_row - 1)
     from_page = jnp.where(partial, src_table[jnp.arange(dst.shape[0]), last], cache.num_pages)
@@ -202,7 +279,7 @@ def share_pages(cache: PagedKVCache, src_table: jax.Array, dst: jax.Array, num_t
     source = jnp.minimum(from_page, cache.num_pages - 1)
     k = tuple(k.at[:, to_page].set(k[:, source], mode="drop") for k in cache.k)
     v = tuple(v.at[:, to_page].set(v[:, source], mode="drop") for v in cache.v)
-    return advance(cache._replace(k=k, v=v), target_lengths)
+    return _advance(cache._replace(k=k, v=v), target_lengths)
 
 
 def paged_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
@@ -213,7 +290,12 @@ def paged_attention_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
 
     q [B, T, H, D]; positions [B, T] each query's position; query (b, t) attends position s iff
     s <= positions[b, t] and s < lengths[b] (the dense cache's `extend` mask). Returns
-    [B, T, H * D]."""
+    [B, T, H * D]. Runs per shard under a kernel mesh that splits the batch."""
+    return paged_sharding.attend_on_shards(_attention_reference, q, k_pages, v_pages, page_table,
+                                           lengths, positions)
+
+
+def _attention_reference(q, k_pages, v_pages, page_table, lengths, positions):
     batch, q_len, heads, head_dim = q.shape
     kv_heads, num_pages = k_pages.shape[0], k_pages.shape[1]
     table = jnp.minimum(page_table, num_pages - 1)  # unmapped entries: any page, masked below

@@ -119,10 +119,16 @@ def cache_shardings(cache, mesh: Mesh):
 
 def paged_cache_shardings(cache, mesh: Mesh):
     """Shardings for a paged_cache.PagedKVCache: each layer's pools [kv_heads, pages, page_size,
-    head_dim] split on kv heads over "tensor" (as the k/v projections split them), the page
-    tables, lengths and free-page stack replicated: every chip runs the same allocation and
-    holds its heads of every page. Pages are not split over "data" / "fsdp" (a pool per batch
-    shard is not built; the sampler refuses such a mesh)."""
+    head_dim] split on kv heads over "tensor" (as the k/v projections split them). A one-pool
+    cache keeps its page tables, lengths and free-page stack replicated: every chip runs the same
+    allocation and holds its heads of every page. A cache with a pool per batch shard
+    (model/paged_sharding.py) splits pages, rows and allocation state over "data" x "fsdp":
+    each shard holds its own pool and the state that allocates from it."""
+    if cache.shards > 1:
+        from matpo_jax.model import paged_sharding
+        return jax.tree_util.tree_map(lambda spec: NamedSharding(mesh, spec),
+                                      paged_sharding.cache_specs(cache, mesh),
+                                      is_leaf=lambda x: isinstance(x, P))
     pool_spec = P("tensor", None, None, None)
     everywhere = NamedSharding(mesh, P())
 

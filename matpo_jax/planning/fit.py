@@ -67,15 +67,19 @@ def estimate(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
     optimizer_state = accounting.per_chip_bytes(state.opt_state)
     axes = dict(data=mesh.shape["data"], fsdp=mesh.shape["fsdp"], tensor=mesh.shape["tensor"])
     if inputs.kv_cache == "paged":
-        pages = inputs.kv_pool_pages(inputs.decode_slots)
+        # A pool per batch shard: each chip holds its shard's pages and slots.
+        shards = axes["data"] * axes["fsdp"]
+        pages = inputs.kv_pool_pages(inputs.decode_slots, shards)
         budget = paged_slot_budget(inputs.model, inputs.max_context,
                                    hbm - parameters - optimizer_state, slots=inputs.decode_slots,
                                    pages=pages, page_size=inputs.kv_page_size,
-                                   tensor=axes["tensor"], max_turn=inputs.max_turn)
+                                   tensor=axes["tensor"], max_turn=inputs.max_turn,
+                                   batch_shards=shards)
         return FitEstimate(
             hbm=hbm, parameters=parameters, optimizer_state=optimizer_state, gradients=trained,
-            kv_cache=pages * page_bytes(inputs.model, inputs.kv_page_size, axes["tensor"]),
-            slot_buffers=inputs.decode_slots * budget.other_bytes_per_slot,
+            kv_cache=-(-pages // shards) * page_bytes(inputs.model, inputs.kv_page_size,
+                                                      axes["tensor"]),
+            slot_buffers=-(-inputs.decode_slots // shards) * budget.other_bytes_per_slot,
             slots_that_fit=budget.slots_that_fit)
     budget = decode_slot_budget(inputs.model, inputs.max_context,
                                 hbm - parameters - optimizer_state, max_turn=inputs.max_turn,
@@ -117,14 +121,15 @@ def check_fits(inputs: PlanInputs, mesh, hbm: int) -> FitEstimate:
 
 
 def _paged_problems(inputs: PlanInputs, mesh, room: int) -> list[str]:
-    refusal = paged_mesh_refusal(mesh.shape["data"] * mesh.shape["fsdp"])
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    pages = inputs.kv_pool_pages(inputs.decode_slots, shards)
+    refusal = paged_mesh_refusal(inputs.decode_slots, pages, shards)
     if refusal:
         return [refusal]
     try:
         check_paged_pool(inputs.decode_slots, inputs.model, inputs.max_context, room,
-                         pages=inputs.kv_pool_pages(inputs.decode_slots),
-                         page_size=inputs.kv_page_size, tensor=mesh.shape["tensor"],
-                         max_turn=inputs.max_turn)
+                         pages=pages, page_size=inputs.kv_page_size, tensor=mesh.shape["tensor"],
+                         max_turn=inputs.max_turn, batch_shards=shards)
     except DecodeSlotsError as error:
         return [str(error)]
     return []

@@ -50,12 +50,16 @@ class PlanInputs:
     kv_page_size: int = 64  # rollout.kv_page_size
     kv_pages: int = 0  # rollout.kv_pages (0: every slot at max_context)
 
-    def kv_pool_pages(self, slots: int) -> int:
+    def kv_pool_pages(self, slots: int, batch_shards: int = 1) -> int:
         """A paged cache's pool for `slots` slots: kv_pages scaled from decode_slots to `slots`
-        (the same mean fill a slot), or every slot at max_context when kv_pages is 0."""
+        (the same mean fill a slot), or every slot at max_context when kv_pages is 0; a scaled
+        pool is rounded up to a whole pool per batch shard (the configured one must divide)."""
         if not self.kv_pages:
             return slots * (self.max_context // self.kv_page_size)
-        return max(1, self.kv_pages * slots // self.decode_slots)
+        if slots == self.decode_slots:
+            return self.kv_pages
+        scaled = max(1, self.kv_pages * slots // self.decode_slots)
+        return -(-scaled // batch_shards) * batch_shards
 
 
 def _with_shardings(shapes, shardings):
@@ -227,7 +231,8 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     param_sh = parallel.param_shardings(params, mesh)
     frozen_sh = parallel.param_shardings(frozen, mesh)  # empty, or a LoRA run's base
     slots, max_len = slots or inputs.decode_slots, inputs.max_context
-    cache = jax.eval_shape(lambda: _empty_cache(inputs, slots))
+    shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
+    cache = jax.eval_shape(lambda: _empty_cache(inputs, slots, shards))
     cache_sh = parallel.cache_shardings(cache, mesh)
     slot_sh = NamedSharding(mesh, parallel.fit_spec(P(parallel.BATCH_AXES), (slots,), mesh))
 
@@ -256,9 +261,11 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
     slot_shards = slot_shards if slots % slot_shards == 0 else 1
     paged = inputs.kv_cache == "paged"
     return {"slots": slots, "max_context": max_len, "kv_cache": inputs.kv_cache,
-            **({"kv_page_size": inputs.kv_page_size, "kv_pages": inputs.kv_pool_pages(slots),
-                "kv_mean_tokens_per_slot": inputs.kv_pool_pages(slots) * inputs.kv_page_size
-                / slots} if paged else {}),
+            **({"kv_page_size": inputs.kv_page_size,
+                "kv_pages": inputs.kv_pool_pages(slots, shards),
+                "kv_pools": shards,
+                "kv_mean_tokens_per_slot": inputs.kv_pool_pages(slots, shards)
+                * inputs.kv_page_size / slots} if paged else {}),
             "attention": attention_dispatch.implementations(uses),
             "cost_analysis_per_chip": _cost(compiled) if compiled else None,
             "compile_s": round(compile_s, 1),
@@ -269,14 +276,16 @@ def decode_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen,
             "kv_cache_total": accounting.total_bytes(cache)}
 
 
-def _empty_cache(inputs: PlanInputs, slots: int):
-    """The sampler's KV cache for `slots` slots: dense, or a paged pool (`kv_pool_pages`)."""
+def _empty_cache(inputs: PlanInputs, slots: int, batch_shards: int = 1):
+    """The sampler's KV cache for `slots` slots: dense, or a paged pool (`kv_pool_pages`), one
+    per batch shard."""
     if inputs.kv_cache != "paged":
         return init_cache(inputs.model, slots, inputs.max_context)
     model = inputs.model
     return paged_cache.init_paged_cache(
         model.num_hidden_layers, model.num_key_value_heads, model.head_dim, slots,
-        inputs.max_context, inputs.kv_pool_pages(slots), inputs.kv_page_size, model.dtype)
+        inputs.max_context, inputs.kv_pool_pages(slots, batch_shards), inputs.kv_page_size,
+        model.dtype, shards=batch_shards)
 
 
 def _decode_fit(ds: dict, hbm: int, resident_state: int) -> dict:
@@ -386,7 +395,9 @@ def make_plan(inputs: PlanInputs, topology: Topology, *, decode: bool = True,
     fit; the largest that fits is `decode_step_fitting_slots`."""
     devices = topology.devices()
     mesh = parallel.make_mesh(inputs.mesh_shape, devices=devices)
-    refusal = paged_mesh_refusal(math.prod(mesh.shape[a] for a in parallel.BATCH_AXES))
+    shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
+    refusal = paged_mesh_refusal(inputs.decode_slots, inputs.kv_pool_pages(inputs.decode_slots),
+                                 shards)
     if decode and inputs.kv_cache == "paged" and refusal:
         raise ValueError(refusal)
     graphdef, params, frozen = abstract_model(inputs.model, inputs.lora)

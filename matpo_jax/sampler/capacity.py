@@ -107,14 +107,20 @@ def _mib(value: int) -> str:
     return f"{value / 2**20:,.1f} MiB"
 
 
-def paged_mesh_refusal(batch_shards: int) -> str | None:
-    """Why a paged cache cannot run on a mesh that splits the slots over `batch_shards` (data x
-    fsdp) shards, or None where it can (the sampler, the plan and the fit check all ask)."""
+def paged_mesh_refusal(slots: int, pages: int, batch_shards: int) -> str | None:
+    """Why a paged cache of `pages` pages (0: sized by the loop) cannot split `slots` decode
+    slots over `batch_shards` (data x fsdp) pools, or None where it can (the sampler, the plan
+    and the fit check all ask): each shard needs a whole share of both."""
     if batch_shards <= 1:
         return None
-    return (f"rollout.kv_cache=paged splits its pages over mesh.tensor only and this mesh splits "
-            f"the slots over data x fsdp = {batch_shards} (a pool per batch shard is not built): "
-            "set mesh.data = mesh.fsdp = 1 or use the dense cache (rollout.kv_cache=dense)")
+    if slots % batch_shards:
+        return (f"rollout.kv_cache=paged keeps a pool per batch shard and {slots} decode slots "
+                f"do not split over data x fsdp = {batch_shards}: make rollout.decode_slots a "
+                f"multiple of {batch_shards}")
+    if pages % batch_shards:
+        return (f"rollout.kv_pages={pages} does not split over data x fsdp = {batch_shards} "
+                f"pools (a pool per batch shard): make it a multiple of {batch_shards}")
+    return None
 
 
 def page_bytes(config: DecoderConfig, page_size: int, tensor: int = 1,
@@ -125,12 +131,13 @@ def page_bytes(config: DecoderConfig, page_size: int, tensor: int = 1,
 
 def paged_slot_budget(config: DecoderConfig, max_len: int, per_chip_bytes: int, *, slots: int,
                       pages: int, page_size: int, tensor: int = 1, max_turn: int = 0,
-                      dtype: str | None = None) -> SlotBudget:
-    """The budget of a paged cache of `pages` pages shared by `slots` slots (replicated over data
-    x fsdp, split over tensor): a slot's KV share is the pool's mean a slot, and the slots that
-    fit are those whose buffers and mean pool share fit per_chip_bytes (the same mean fill)."""
+                      dtype: str | None = None, batch_shards: int = 1) -> SlotBudget:
+    """The budget of a paged cache of `pages` pages shared by `slots` slots (split over tensor;
+    with batch_shards > 1, a pool of pages / batch_shards for each shard's slots / batch_shards
+    slots): a slot's KV share is the pool's mean a slot, and the slots that fit are those whose
+    buffers and mean pool share fit per_chip_bytes (the same mean fill)."""
     for name, value in (("slots", slots), ("pages", pages), ("page_size", page_size),
-                        ("tensor", tensor)):
+                        ("tensor", tensor), ("batch_shards", batch_shards)):
         if int(value) <= 0:
             raise DecodeSlotsError(f"{name} must be a positive integer, got {value!r}")
     mean_kv = -(-pages * page_bytes(config, page_size, tensor, dtype) // slots)
@@ -138,29 +145,37 @@ def paged_slot_budget(config: DecoderConfig, max_len: int, per_chip_bytes: int, 
     other = 4 * config.vocab_size + 8 * max(0, int(max_turn)) + 4 * (max_len // page_size + 1)
     per_chip = max(0, int(per_chip_bytes)) // (mean_kv + other)
     return SlotBudget(kv_bytes_per_slot=mean_kv, other_bytes_per_slot=other,
-                      kv_heads_per_chip=kv_heads_per_chip(config, tensor), batch_shards=1,
-                      slots_per_chip=per_chip, slots_that_fit=per_chip)
+                      kv_heads_per_chip=kv_heads_per_chip(config, tensor),
+                      batch_shards=batch_shards, slots_per_chip=per_chip,
+                      slots_that_fit=per_chip * batch_shards)
 
 
 def check_paged_pool(requested: int, config: DecoderConfig, max_len: int, per_chip_bytes: int,
                      *, pages: int, page_size: int, tensor: int = 1, max_turn: int = 0,
-                     dtype: str | None = None, field: str = "rollout.kv_pages") -> SlotBudget:
-    """The budget when a pool of `pages` pages and `requested` slots' buffers fit per_chip_bytes;
-    otherwise DecodeSlotsError, one line naming `field`, what a page costs and the pool's total."""
+                     dtype: str | None = None, field: str = "rollout.kv_pages",
+                     batch_shards: int = 1) -> SlotBudget:
+    """The budget when a chip's pool (pages / batch_shards pages) and its slots' buffers
+    (requested / batch_shards) fit per_chip_bytes; otherwise DecodeSlotsError, one line naming
+    `field`, what a page costs and the pool's total."""
     budget = paged_slot_budget(config, max_len, per_chip_bytes, slots=requested, pages=pages,
-                               page_size=page_size, tensor=tensor, max_turn=max_turn, dtype=dtype)
+                               page_size=page_size, tensor=tensor, max_turn=max_turn, dtype=dtype,
+                               batch_shards=batch_shards)
     page = page_bytes(config, page_size, tensor, dtype)
-    need = pages * page + requested * budget.other_bytes_per_slot
+    chip_pages, chip_slots = -(-pages // batch_shards), -(-requested // batch_shards)
+    need = chip_pages * page + chip_slots * budget.other_bytes_per_slot
     if need > per_chip_bytes:
         itemsize = np.dtype(dtype or config.dtype).itemsize
-        fitting = max(0, int(per_chip_bytes) - requested * budget.other_bytes_per_slot) // page
+        fitting = max(0, int(per_chip_bytes) - chip_slots * budget.other_bytes_per_slot) // page
+        split = (f" (one of {batch_shards} batch shards' pools, {pages} pages in all)"
+                 if batch_shards > 1 else "")
         raise DecodeSlotsError(
-            f"{field}={pages} does not fit: a pool of {pages} pages needs {_mib(pages * page)} "
-            f"per chip (a page is {config.num_hidden_layers} layers x "
+            f"{field}={pages} does not fit: a pool of {chip_pages} pages{split} needs "
+            f"{_mib(chip_pages * page)} per chip (a page is {config.num_hidden_layers} layers x "
             f"{budget.kv_heads_per_chip} kv heads x {config.head_dim} x {page_size} tokens x 2 "
-            f"x {itemsize} bytes = {_mib(page)}) beside {requested} slots' buffers "
-            f"({_mib(requested * budget.other_bytes_per_slot)}), and the budget is "
-            f"{_mib(per_chip_bytes)} per chip; {fitting} pages fit ({fitting * page_size:,} "
-            f"tokens in flight, a mean {fitting * page_size // requested:,} a slot): lower {field} "
-            "or rollout.decode_slots, or raise mesh.tensor")
+            f"x {itemsize} bytes = {_mib(page)}) beside {chip_slots} slots' buffers "
+            f"({_mib(chip_slots * budget.other_bytes_per_slot)}), and the budget is "
+            f"{_mib(per_chip_bytes)} per chip; {fitting} pages fit a chip "
+            f"({fitting * page_size:,} tokens in flight, a mean "
+            f"{fitting * page_size // chip_slots:,} a slot): lower {field} or "
+            "rollout.decode_slots, or raise mesh.tensor")
     return budget

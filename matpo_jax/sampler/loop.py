@@ -49,7 +49,7 @@ from flax import nnx
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from matpo_jax.model import paged_cache
+from matpo_jax.model import paged_cache, paged_sharding
 from matpo_jax.model.decoder import KVCache, init_cache
 from matpo_jax.model.kernel_sharding import kernel_mesh
 from matpo_jax.parallel.mesh import BATCH_AXES
@@ -72,12 +72,14 @@ __all__ = ["Sampling", "PagedCache", "default_buckets", "default_lanes", "normal
 class PagedCache(NamedTuple):
     """The loop's KV cache as pages (model/paged_cache.py) instead of slots x max_len: pages of
     `page_size` tokens (max_len must be a multiple), a pool of `num_pages` shared by the slots
-    and the prompt prefixes (0: enough for every slot and prefix at max_len, never short)."""
+    and the prompt prefixes (0: enough for every slot and prefix at max_len, never short). On a
+    mesh that splits the slots over S batch shards, each shard has num_pages / S of them for its
+    slots and its own copy of the prefixes (model/paged_sharding.py)."""
     page_size: int = 64
     num_pages: int = 0
 
-    def pool(self, slots: int, prefix_rows: int, max_len: int) -> int:
-        return self.num_pages or (slots + prefix_rows) * (max_len // self.page_size)
+    def pool(self, slots: int, prefix_rows: int, max_len: int, shards: int = 1) -> int:
+        return self.num_pages or (slots + shards * prefix_rows) * (max_len // self.page_size)
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:
@@ -259,6 +261,20 @@ def _replication(mesh: Mesh | None):
 def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls, prefix_tokens,
                prefix_lengths, profiles, prefix_roles=None, profile_roles=None, *, slots, max_len,
                max_turn, buckets, lanes, truncation, stop_tables, mesh=None, paged=None):
+    # The mesh runs the paged cache per batch shard and the paged decode kernel per shard
+    # (model/paged_sharding.py, model/kernel_sharding.py).
+    with kernel_mesh(mesh):
+        return _slot_loop_body(graphdef, model_state, rng, session_id, max_steps, max_host_calls,
+                               prefix_tokens, prefix_lengths, profiles, prefix_roles,
+                               profile_roles, slots=slots, max_len=max_len, max_turn=max_turn,
+                               buckets=buckets, lanes=lanes, truncation=truncation,
+                               stop_tables=stop_tables, mesh=mesh, paged=paged)
+
+
+def _slot_loop_body(graphdef, model_state, rng, session_id, max_steps, max_host_calls,
+                    prefix_tokens, prefix_lengths, profiles, prefix_roles, profile_roles, *,
+                    slots, max_len, max_turn, buckets, lanes, truncation, stop_tables, mesh,
+                    paged):
     model = nnx.merge(graphdef, model_state)
     # Role ids (LoRA adapters) of the prefixes and the sampling profiles; None: role 0.
     if prefix_roles is None:
@@ -277,10 +293,11 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
                 store = PrefixStore(jax.lax.with_sharding_constraint(
                     store.cache, cache_shardings(store.cache, mesh)), store.logits)
     else:
+        shards = paged_sharding.batch_shards(mesh)
         cache = paged_cache.init_paged_cache(
             config.num_hidden_layers, config.num_key_value_heads, config.head_dim, slots,
-            max_len, paged.pool(slots, prefix_tokens.shape[0], max_len), paged.page_size,
-            config.dtype)
+            max_len, paged.pool(slots, prefix_tokens.shape[0], max_len, shards), paged.page_size,
+            config.dtype, shards=shards)
         if prefix_tokens.shape[0]:
             cache, store = build_paged_prefix_store(model, cache, prefix_tokens, prefix_lengths,
                                                     buckets, prefix_roles)
@@ -301,7 +318,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
     def under_limits(s):
         # A paged cache out of pages stops the loop (run_slots then raises).
         within = (s.decode_steps < max_steps) & (s.host_calls < max_host_calls)
-        return within & ~s.cache.overflow if paged is not None else within
+        return within & ~jnp.any(s.cache.overflow) if paged is not None else within
 
     def decode_until_a_stop(s):
         return jax.lax.while_loop(
@@ -314,7 +331,7 @@ def _slot_loop(graphdef, model_state, rng, session_id, max_steps, max_host_calls
                                                profile_roles, store, constrain, replicated))
 
     final = jax.lax.while_loop(lambda s: ~s.done & under_limits(s), outer_body, state)
-    overflow = final.cache.overflow if paged is not None else jnp.bool_(False)
+    overflow = jnp.any(final.cache.overflow) if paged is not None else jnp.bool_(False)
     return final.decode_steps, final.host_calls, final.sampled_tokens, final.done, overflow
 
 
@@ -365,7 +382,8 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     whose keys and values are computed with that role's adapter. Both are operands: no recompile.
     paged: keep the KV cache in pages (`PagedCache`; None: the dense slots x max_len cache):
     memory by the tokens in flight, prefixes shared by page instead of copied. A pool that runs
-    short stops the loop and raises SlotProtocolError. One device only so far.
+    short stops the loop and raises SlotProtocolError. On a mesh that splits the slots, each
+    batch shard has its own pool of num_pages / shards pages (model/paged_sharding.py).
     All results reach the host through SlotEvents; this returns counters and the bytes each host
     round moved."""
     max_turn = sampling.max_turn_tokens if max_turn is None else int(max_turn)
@@ -380,8 +398,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
         if max_len % paged.page_size:
             raise SlotProtocolError(f"a paged KV cache needs max_len ({max_len}) to be a multiple "
                                     f"of its page size ({paged.page_size})")
-        refusal = paged_mesh_refusal(
-            1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES))
+        refusal = paged_mesh_refusal(slots, paged.num_pages, paged_sharding.batch_shards(mesh))
         if refusal:
             raise SlotProtocolError(refusal)
     rng = jax.random.key(0) if rng is None else rng
@@ -405,8 +422,7 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     stop_tables = (stop_table(stop_ids),) + tuple(stop_table(ids) for _, ids in more_profiles)
     session = HostSession(host, slots, max_len, max_turn, [len(p) for p in prefixes],
                           profiles=len(stop_tables))
-    # The mesh also runs the paged decode kernel per shard (model/kernel_sharding.py).
-    with registered(session) as session_id, kernel_mesh(mesh):
+    with registered(session) as session_id:
         counters = _slot_loop(graphdef, model_state, rng, jnp.int32(session_id),
                               jnp.int32(min(max_steps, 2**31 - 1)),
                               jnp.int32(min(max_host_calls, 2**31 - 1)), prefix_tokens,
@@ -419,10 +435,13 @@ def run_slots(model_state, graphdef, host: SlotHost, *, slots: int, max_len: int
     if session.error is not None:
         raise session.error
     if overflow:
-        pool = paged.pool(slots, prefix_tokens.shape[0], max_len)
+        shards = paged_sharding.batch_shards(mesh)
+        pool = paged.pool(slots, prefix_tokens.shape[0], max_len, shards)
+        where = f" ({pool // shards} in each of {shards} batch shards' pools)" if shards > 1 else ""
         raise SlotProtocolError(f"the paged KV cache ran out of pages: {pool} pages of "
-                                f"{paged.page_size} tokens could not hold the tokens in flight "
-                                f"(rollout.kv_pages; 0 sizes the pool for every slot at max_len)")
+                                f"{paged.page_size} tokens{where} could not hold the tokens in "
+                                f"flight (rollout.kv_pages; 0 sizes the pool for every slot at "
+                                f"max_len)")
     return SlotLoopStats(int(decode_steps), int(host_calls), int(sampled), not bool(done),
                          tuple(tuple(r) for r in session.traffic.rounds))
 

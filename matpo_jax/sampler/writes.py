@@ -38,14 +38,15 @@ def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int,
     """
     slots = num.shape[0]
     roles = jnp.zeros((slots,), jnp.int32) if roles is None else roles
+    shards = getattr(cache, "shards", 1)
+    lanes = -(-lanes // shards) * shards  # a paged cache per batch shard: lanes per shard
     if lanes >= slots:
         return bucketed_extend(model, cache, logits, read_tokens, jnp.arange(slots), num, buckets,
                                max_num, roles)
 
     def extend_lanes(carry):
         cache, logits, pending = carry
-        rows = jnp.nonzero(pending, size=lanes, fill_value=slots)[0]  # slots = an empty lane
-        gather = jnp.minimum(rows, slots - 1)
+        rows, gather = pick_lanes(pending, lanes, shards)
         lane_num = jnp.where(rows < slots, num[gather], 0)
         sub, new = bucketed_extend(model, cache.rows(gather), logits[gather], read_tokens, rows,
                                    lane_num, buckets, max_num, roles[gather])
@@ -56,6 +57,23 @@ def inject(model, cache: KVCache, logits, read_tokens, num, buckets, lanes: int,
     cache, logits, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[2]), extend_lanes,
                                           (cache, logits, num > 0))
     return cache, logits
+
+
+def pick_lanes(pending, lanes: int, shards: int = 1):
+    """(rows, gather) of the next extend: rows [lanes] the first pending rows (slots = an empty
+    lane, dropped on the way back), gather [lanes] the rows to read (an empty lane reads a row of
+    its own shard). shards > 1: lanes / shards rows from each shard's block of rows, in shard
+    order, so the lanes' sub-cache has each shard's rows on that shard (paged_sharding.py)."""
+    slots = pending.shape[0]
+    if shards == 1:
+        rows = jnp.nonzero(pending, size=lanes, fill_value=slots)[0]
+        return rows, jnp.minimum(rows, slots - 1)
+    per_shard, block = lanes // shards, slots // shards
+    local = jax.vmap(lambda p: jnp.nonzero(p, size=per_shard, fill_value=block)[0])(
+        pending.reshape(shards, block))
+    base = (jnp.arange(shards, dtype=local.dtype) * block)[:, None]
+    rows = jnp.where(local < block, base + local, slots).reshape(-1)
+    return rows, (base + jnp.minimum(local, block - 1)).reshape(-1)
 
 
 def array_reader(tokens):
@@ -189,7 +207,8 @@ def copy_prefixes(cache: KVCache, logits, store: PrefixStore, prefix):
 
 class PagedPrefixStore(NamedTuple):
     """P token prefixes held in the loop's own page pool: their page tables (pinned: no slot's
-    release frees them), lengths and the next-token logits after each."""
+    release frees them), lengths and the next-token logits after each. A cache with a pool per
+    batch shard holds S copies: rows s * P + p are prefix p in shard s's pool."""
 
     page_table: jax.Array  # int32[P, pages_per_row]
     lengths: jax.Array  # int32[P]
@@ -201,13 +220,15 @@ def build_paged_prefix_store(model, cache: paged_cache.PagedKVCache, tokens, len
     """(cache, store): the prefixes tokens [P, W] written into pages of `cache`'s pool by the same
     bucketed extends as `build_prefix_store`, their tables kept aside in the store."""
     rows, width = tokens.shape
-    aside = cache._replace(page_table=jnp.full((rows, cache.pages_per_row), cache.num_pages,
-                                               jnp.int32),
-                           lengths=jnp.zeros((rows,), jnp.int32))
-    logits = jnp.zeros((rows, model.config.vocab_size), jnp.float32)
-    aside, logits = inject(model, aside, logits, array_reader(tokens), lengths,
-                           prefix_store_buckets(buckets, width), lanes=1, max_num=width,
-                           roles=roles)
+    # A cache with a pool per batch shard keeps a copy of the store in every shard's pool (rows
+    # s * P + p), computed side by side: one extend writes the same prefix on every shard.
+    shards = cache.shards
+    roles = jnp.zeros((rows,), jnp.int32) if roles is None else roles
+    aside = paged_cache.empty_rows(cache, shards * rows)
+    logits = jnp.zeros((shards * rows, model.config.vocab_size), jnp.float32)
+    aside, logits = inject(model, aside, logits, array_reader(jnp.tile(tokens, (shards, 1))),
+                           jnp.tile(lengths, shards), prefix_store_buckets(buckets, width),
+                           lanes=shards, max_num=width, roles=jnp.tile(roles, shards))
     store = PagedPrefixStore(aside.page_table, aside.lengths, logits)
     return aside._replace(page_table=cache.page_table, lengths=cache.lengths), store
 
@@ -218,7 +239,9 @@ def share_prefixes(cache: paged_cache.PagedKVCache, logits, store: PagedPrefixSt
     length and its next-token logits; all slots at once."""
     slots = prefix.shape[0]
     starting = prefix >= 0
-    row = jnp.maximum(prefix, 0)
-    dst = jnp.where(starting, jnp.arange(slots), slots)  # slots: out of range, skipped
-    cache = paged_cache.share_pages(cache, store.page_table[row], dst, store.lengths[row])
+    # Slot b takes its shard's copy of the store (rows s * P + p).
+    per_shard = store.lengths.shape[0] // cache.shards
+    shard = jnp.arange(slots) // (slots // cache.shards)
+    row = shard * per_shard + jnp.maximum(prefix, 0)
+    cache = paged_cache.share_rows(cache, store.page_table[row], store.lengths[row], starting)
     return cache, jnp.where(starting[:, None], store.logits[row], logits)

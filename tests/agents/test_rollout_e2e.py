@@ -205,6 +205,22 @@ def test_a_paged_kv_cache_changes_no_token(batch, rollout, monkeypatch):
     assert seen.value.args[0] is None  # the default: the dense cache
 
 
+def test_a_pool_per_batch_shard_changes_no_token(policy, toolbox, batch):
+    """The policy sharded over fsdp=3 (the 3 decode slots split over 3 devices) with the paged
+    cache: every shard decodes its slot from its own pool with its own copy of the role and
+    question prefixes, and the batch is token for token the unsharded dense one's."""
+    from matpo_jax import parallel
+    mesh = parallel.make_mesh(data=1, fsdp=3, tensor=1, devices=jax.devices()[:3])
+    state = jax.device_put(policy.state, parallel.param_shardings(policy.state, mesh))
+    cfg = dataclasses.replace(BASE, group_size=2, kv_cache="paged", kv_page_size=16)
+    sharded = rollout_lib.run_rollouts(state, policy.graphdef, policy.chat, toolbox,
+                                       [ADA.question, PAIR.question], cfg, jax.random.key(0))
+    assert sharded.metrics["prefix_hits"] == batch.metrics["prefix_hits"] > 0
+    for a, b in zip(sharded.rollouts, batch.rollouts):
+        assert (a.tokens, a.trainable, a.finish_reason) == (b.tokens, b.trainable, b.finish_reason)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def test_async_tools_change_no_token(batch, rollout):
     """Tool calls in the background: each waiting worker gives up its slot and comes back when
     its result is in; the trajectories are the same (greedy), only the slot traffic differs."""

@@ -190,6 +190,64 @@ def test_running_out_of_pages_is_flagged_and_overwrites_no_other_row():
     assert bool(long.overflow)
 
 
+def test_each_batch_shard_allocates_from_its_own_pool_and_overflows_alone():
+    """Two batch shards of 2 rows and 4 pages each (paged_sharding.py): shard 0 asks for 5
+    pages and overflows, mapping nothing; shard 1 maps its 3 from its own pool (local ids, its
+    own half of the pool array), attends like one pool and gets them back on release."""
+    from matpo_jax import parallel
+    from matpo_jax.model.kernel_sharding import kernel_mesh
+    mesh = parallel.make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    cache = pc.init_paged_cache(1, KV_HEADS, HEAD_DIM, 4, 32, 8, PAGE, shards=2)
+    assert cache.shards == 2 and cache.no_page == 4
+    k_new = jnp.asarray(np.random.default_rng(4).normal(size=(4, 12, KV_HEADS, HEAD_DIM)),
+                        jnp.float32)
+    num = jnp.asarray([12, 8, 4, 7], jnp.int32)
+    q = decode_query(4)
+
+    @jax.jit
+    def grow_and_attend(cache):
+        with kernel_mesh(mesh):
+            cache = write_step(cache, jnp.zeros(4, jnp.int32), k_new, k_new, num)
+            last = (cache.lengths - 1)[:, None]
+            out = pc.paged_attention_reference(q, cache.k[0], cache.v[0], cache.page_table,
+                                               cache.lengths, last)
+            return cache, out, pc.release(cache, jnp.asarray([False, False, True, False]))
+
+    grown, out, released = grow_and_attend(cache)
+    np.testing.assert_array_equal(grown.overflow, [True, False])
+    np.testing.assert_array_equal(grown.num_free, [4, 1])
+    np.testing.assert_array_equal(grown.lengths, [0, 0, 4, 7])
+    table = np.asarray(grown.page_table)
+    assert (table[:2] == 4).all()  # shard 0: nothing mapped
+    assert sorted(table[2:][table[2:] < 4].tolist()) == [0, 1, 2]  # shard 1: local ids
+    pool = np.asarray(grown.k[0])
+    assert not pool[:, :4].any()  # shard 0's pages untouched
+    # Shard 1's tokens are in its half of the pool, where its local ids point.
+    for row, n in ((2, 4), (3, 7)):
+        positions = np.arange(n)
+        np.testing.assert_array_equal(
+            pool[:, 4 + table[row][positions // PAGE], positions % PAGE],
+            np.transpose(np.asarray(k_new)[row, :n], (1, 0, 2)))
+    # Rows 2 and 3 attend as the same tokens in one pool do.
+    one_pool = write_step(pc.init_paged_cache(1, KV_HEADS, HEAD_DIM, 4, 32, 8, PAGE),
+                          jnp.zeros(4, jnp.int32), k_new, k_new,
+                          jnp.asarray([0, 0, 4, 7], jnp.int32))
+    expected = pc.paged_attention_reference(q, one_pool.k[0], one_pool.v[0],
+                                            one_pool.page_table, one_pool.lengths,
+                                            (one_pool.lengths - 1)[:, None])
+    np.testing.assert_allclose(np.asarray(out)[2:], np.asarray(expected)[2:], atol=1e-6)
+    np.testing.assert_array_equal(released.num_free, [4, 2])
+    assert int(pc.pages_in_use(released)) == 2
+
+
+def test_a_sharded_cache_outside_its_mesh_is_refused():
+    cache = pc.init_paged_cache(1, KV_HEADS, HEAD_DIM, 4, 32, 8, PAGE, shards=2)
+    with pytest.raises(ValueError, match="2 pool"):
+        pc.reserve(cache, jnp.ones(4, jnp.int32))
+    with pytest.raises(ValueError, match="multiples of 2"):
+        pc.init_paged_cache(1, KV_HEADS, HEAD_DIM, 3, 32, 8, PAGE, shards=2)
+
+
 def test_the_whole_cache_runs_under_jit():
     cache, keys, values, lengths = fill()
     eager = pc.share_pages(cache, cache.page_table[2:], jnp.asarray([1]), jnp.asarray([7]))

@@ -183,6 +183,55 @@ def test_the_paged_kernel_over_a_tensor_mesh_runs_per_shard_like_on_one_device()
     np.testing.assert_array_equal(jnp.argmax(got, -1), jnp.argmax(expected, -1))
 
 
+def test_a_pool_per_batch_shard_prefills_and_decodes_like_one_pool_with_the_kernel_per_shard():
+    """Rows over data=2 and kv heads over tensor=2: each batch shard's rows allocate from its own
+    pool (paged_sharding.py) and the TPU kernel runs on each device's rows, kv heads and pages;
+    the logits equal one pool's on one device."""
+    from matpo_jax import parallel
+    from matpo_jax.model.kernel_sharding import kernel_mesh
+    config = dataclasses.replace(CONFIG, attention_decode="paged_tpu", head_dim=128,
+                                 hidden_size=64)
+    model = CausalLM(config, rngs=nnx.Rngs(5))
+    rows, pages = 4, 24
+    rng = np.random.default_rng(2)
+    tokens = jnp.asarray(rng.integers(1, config.vocab_size, (rows, 11)), jnp.int32)
+    lengths = jnp.asarray([5, 11, 2, 9], jnp.int32)
+    active = jnp.asarray([True, False, True, True])
+
+    def empty(shards):
+        return pc.init_paged_cache(config.num_hidden_layers, config.num_key_value_heads,
+                                   config.head_dim, rows, MAX_LEN, pages, PAGE, jnp.bfloat16,
+                                   shards=shards)
+    _, one_pool = model.prefill(tokens, lengths, empty(1))
+    expected, _ = model.decode(tokens[:, 0], one_pool, active)
+    mesh = parallel.make_mesh(data=2, fsdp=1, tensor=2, devices=jax.devices()[:4])
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, parallel.param_shardings(state, mesh))
+    sharded = empty(2)
+    sharded = jax.device_put(sharded, parallel.cache_shardings(sharded, mesh))
+    # One kv head and half the pages a device.
+    assert sharded.k[0].sharding.shard_shape(sharded.k[0].shape) == (1, pages // 2, PAGE, 128)
+
+    @jax.jit
+    def prefill_and_decode(state, tokens, lengths, cache):
+        with kernel_mesh(mesh):
+            model = nnx.merge(graphdef, state)
+            _, cache = model.prefill(tokens, lengths, cache)
+            return model.decode(tokens[:, 0], cache, active)
+
+    with attention_dispatch.record() as uses:
+        got, cache = prefill_and_decode(state, tokens, lengths, sharded)
+    assert attention_dispatch.implementations(uses)["decode"] == "paged_tpu (interpret)"
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # Each shard used its own pool: rows 0-1 hold shard 0's pages, rows 2-3 shard 1's (local
+    # ids), and each pool's free count is its own pages minus its rows' ceil(length / PAGE).
+    held = -(-np.asarray(cache.lengths) // PAGE)
+    np.testing.assert_array_equal(np.asarray(cache.num_free),
+                                  [pages // 2 - held[:2].sum(), pages // 2 - held[2:].sum()])
+    table = np.asarray(cache.page_table)
+    assert (table[table < pages // 2] >= 0).all() and table.max() == pages // 2  # no_page
+
+
 def test_the_gpu_paged_kernel_decodes_like_xla_on_the_same_cache():
     config = dataclasses.replace(CONFIG, attention_decode="paged_gpu")
     model = CausalLM(CONFIG, rngs=nnx.Rngs(4))

@@ -80,12 +80,17 @@ def test_a_paged_cache_counts_its_pool_of_pages_not_slots_times_context():
         check_config_fits(cfg, room, mesh)
     message = str(refused.value)
     assert message.startswith("rollout.kv_pages=64 does not fit: a pool of 64 pages")
-    assert "40 pages fit (2,560 tokens in flight, a mean 80 a slot)" in message
+    assert "40 pages fit a chip (2,560 tokens in flight, a mean 80 a slot)" in message
     c.rollout.kv_pages = 40
     assert check_config_fits(to_typed(c, check_files=False), room, mesh) is not None
+    # Over fsdp=2 each chip holds its batch shard's pool: half the pages, every kv head.
     c.mesh.update(data=1, fsdp=2, tensor=1)
-    with pytest.raises(ConfigError, match=r"rollout\.kv_cache=paged splits its pages over "
-                       r"mesh\.tensor only .* data x fsdp = 2"):
+    split = check_config_fits(to_typed(c, check_files=False), GIB, make_mesh_over(2, fsdp=2))
+    assert split.kv_cache == 40 // 2 * 2 * page
+    assert split.slot_buffers == estimate.slot_buffers // 2
+    c.rollout.kv_pages = 41
+    with pytest.raises(ConfigError, match=r"rollout\.kv_pages=41 does not split over data x "
+                       r"fsdp = 2 pools"):
         check_config_fits(to_typed(c, check_files=False), GIB, make_mesh_over(2, fsdp=2))
 
 

@@ -194,8 +194,9 @@ def test_a_lora_train_step_compiles_with_the_base_frozen():
 
 def test_a_paged_decode_step_compiles_per_tensor_shard_with_the_pool_sized_by_its_pages():
     """rollout.kv_cache=paged in the plan: the decode step runs the TPU paged kernel per tensor
-    shard, each chip holds its kv heads of a pool of kv_pages pages (not slots x max_context),
-    and a mesh that splits the slots is refused as the sampler refuses it."""
+    shard, each chip holds its kv heads of a pool of kv_pages pages (not slots x max_context);
+    on a mesh that splits the slots, its batch shard's pool; a pool that does not split over the
+    batch shards is refused as the sampler refuses it."""
     pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
     model = DecoderConfig(vocab_size=512, hidden_size=256, intermediate_size=256,
                           num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
@@ -218,6 +219,17 @@ def test_a_paged_decode_step_compiles_per_tensor_shard_with_the_pool_sized_by_it
                                 parse_topology("v5e:2x2"), train=False)["decode_step"]
     assert dense["memory_per_chip"]["kv_cache"] >= 8 * pool
     assert "paged: 128 pages of 64 tokens" in "\n".join(step_plan.summary_lines(plan))
-    with pytest.raises(ValueError, match=r"data x fsdp = 4"):
-        step_plan.make_plan(dataclasses.replace(inputs, mesh_shape=dict(data=1, fsdp=4, tensor=1)),
+    # Over fsdp=2 x tensor=2: a pool per batch shard, each chip its shard's 64 pages of 2 kv
+    # heads and the allocation state of its 4 slots: tables [4, 64], lengths [4], reference
+    # counts and free stack [64], its free count and overflow flag.
+    split = step_plan.make_plan(dataclasses.replace(inputs, mesh_shape=dict(data=1, fsdp=2,
+                                                                            tensor=2)),
+                                parse_topology("v5e:2x2"), train=False)["decode_step"]
+    assert split["attention"] == {"decode": "paged_tpu"} and split["kv_pools"] == 2
+    assert split["memory_per_chip"]["compiled"] and split["fits"]
+    assert split["memory_per_chip"]["kv_cache"] == pool + 4 * (4 * 128 + 4 + 64 + 64 + 1) + 1
+    with pytest.raises(ValueError, match=r"rollout\.kv_pages=129 does not split over data x "
+                                         r"fsdp = 4"):
+        step_plan.make_plan(dataclasses.replace(inputs, kv_pages=129,
+                                                mesh_shape=dict(data=1, fsdp=4, tensor=1)),
                             parse_topology("v5e:2x2"), train=False)

@@ -97,8 +97,13 @@ class ScriptedToolHost:
     turns it appends a fixed non-trainable "tool response" chunk. More prompts than slots queue up
     and reuse freed slots. It rebuilds every sequence token-in, token-out and logs each event."""
 
-    def __init__(self, prompts, slots, chunk=(7, 8, 9, 10, 11), turns=2, streams=None):
+    def __init__(self, prompts, slots, chunk=(7, 8, 9, 10, 11), turns=2, streams=None,
+                 prefixes=()):
         self.pending = list(enumerate(prompts))[::-1]
+        # Registered prompt prefixes (run_slots' `prefixes`): a new sequence starts from the
+        # longest one it begins with (SlotInjection.prefix); hits: their lengths, in order.
+        self.prefixes = [list(p) for p in prefixes]
+        self.hits = []
         self.streams = streams  # per prompt: its SlotInjection.stream (None: the slots' own)
         self.slot_seq = [None] * slots
         self.chunk = list(chunk)
@@ -147,8 +152,14 @@ class ScriptedToolHost:
         self.calls += 1
         return injection
 
-    @staticmethod
-    def _write(injection, slot, tokens, reset):
+    def _write(self, injection, slot, tokens, reset):
+        if reset:
+            starts = [i for i, p in enumerate(self.prefixes) if tokens[:len(p)] == p]
+            if starts:
+                index = max(starts, key=lambda i: len(self.prefixes[i]))
+                injection.prefix[slot] = index
+                self.hits.append(len(self.prefixes[index]))
+                tokens = tokens[len(self.prefixes[index]):]
         injection.tokens[slot, :len(tokens)] = tokens
         injection.num[slot] = len(tokens)
         injection.reset[slot] = reset

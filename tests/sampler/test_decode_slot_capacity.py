@@ -67,8 +67,26 @@ def test_a_paged_pool_costs_its_pages_whatever_the_slots():
         check_paged_pool(64, QWEN3_4B, 40960, 8 * GIB, pages=8192, page_size=64, tensor=8)
 
 
-def test_a_paged_cache_is_refused_only_where_the_mesh_splits_the_slots():
-    assert paged_mesh_refusal(1) is None
-    assert paged_mesh_refusal(4).startswith(
-        "rollout.kv_cache=paged splits its pages over mesh.tensor only and this mesh splits the "
-        "slots over data x fsdp = 4")
+def test_a_paged_cache_splits_over_batch_shards_only_in_whole_pools():
+    assert paged_mesh_refusal(6, 10, 1) is None
+    assert paged_mesh_refusal(8, 64, 4) is None and paged_mesh_refusal(8, 0, 4) is None
+    assert paged_mesh_refusal(6, 64, 4).startswith(
+        "rollout.kv_cache=paged keeps a pool per batch shard and 6 decode slots do not split "
+        "over data x fsdp = 4")
+    assert paged_mesh_refusal(8, 66, 4).startswith(
+        "rollout.kv_pages=66 does not split over data x fsdp = 4 pools")
+
+
+def test_a_pool_per_batch_shard_puts_a_shards_pages_and_slots_on_each_chip():
+    """64 slots over 4 batch shards with 4 x 1,024 pages: a chip holds 1,024 pages and 16
+    slots' buffers, the same mean pool share a slot as one pool of 1,024 pages for 16 slots."""
+    sharded = check_paged_pool(64, QWEN3_4B, 40960, 8 * GIB, pages=4096, page_size=64, tensor=8,
+                               batch_shards=4)
+    one_pool = check_paged_pool(16, QWEN3_4B, 40960, 8 * GIB, pages=1024, page_size=64,
+                                tensor=8)
+    assert sharded.kv_bytes_per_slot == one_pool.kv_bytes_per_slot
+    assert sharded.slots_that_fit == 4 * one_pool.slots_that_fit
+    with pytest.raises(DecodeSlotsError, match=r"a pool of 8192 pages \(one of 4 batch shards' "
+                                               r"pools, 32768 pages in all\) needs 9,216\.0 MiB"):
+        check_paged_pool(64, QWEN3_4B, 40960, 8 * GIB, pages=32768, page_size=64, tensor=8,
+                         batch_shards=4)

@@ -1,6 +1,6 @@
 """The slot loop over a mesh: the KV cache split over slots (data x fsdp) and kv heads (tensor)
 decodes exactly what the unsharded loop decodes, and no device holds the whole cache; a paged
-cache split over kv heads does the same."""
+cache split over kv heads, and one with a pool per batch shard, do the same."""
 import jax
 import numpy as np
 import pytest
@@ -105,10 +105,79 @@ def test_each_device_holds_its_kv_heads_of_the_page_pool(split_model, shapes, te
     assert f"f32[{config.num_key_value_heads},{pages},8,{d}]" not in text
 
 
-def test_a_paged_cache_is_refused_where_the_mesh_splits_the_slots(
+# A prompt prefix every sequence of the paged tests below starts with, and a longer one.
+SYSTEM = [50, 51, 52, 53, 54, 55, 56, 57, 58]
+QUESTION = SYSTEM + [60, 61, 62, 63]
+
+
+def _prefixed_two_turns(state, graphdef, scripted_host, shapes, greedy, **kwargs):
+    # Five sequences through three slots: prefixes start re-used slots on every shard.
+    prompts = [QUESTION + [70, 71], SYSTEM + [80], [5, 6, 7], QUESTION, SYSTEM + [20, 21, 22]]
+    host = scripted_host(prompts, shapes.slots, chunk=[7, 8, 9, 10, 11, 12, 13], turns=2,
+                         prefixes=(SYSTEM, QUESTION))
+    stats = run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len,
+                      sampling=greedy, prefixes=host.prefixes, **kwargs)
+    return host, stats
+
+
+def test_a_pool_per_batch_shard_decodes_what_the_unsharded_loop_does(
+        split_model, scripted_host, shapes, greedy, mesh):
+    """Slots over fsdp=3 with a paged cache: each shard allocates from its own pool and keeps
+    its own copy of the prompt prefixes (pages of 4 tokens: the 9- and 13-token prefixes end
+    mid-page), and the loop decodes the dense unsharded loop's tokens."""
+    graphdef, state = split_model
+    sharded_state = jax.device_put(state, parallel.param_shardings(state, mesh))
+    reference, _ = _prefixed_two_turns(state, graphdef, scripted_host, shapes, greedy)
+    sharded, stats = _prefixed_two_turns(sharded_state, graphdef, scripted_host, shapes, greedy,
+                                         paged=PagedCache(page_size=4))
+    assert not stats.hit_limit
+    assert sorted(sharded.hits) == sorted(reference.hits) and len(sharded.hits) == 4
+    assert sharded.tokens == reference.tokens
+    assert sharded.stop_reasons == reference.stop_reasons
+    np.testing.assert_allclose(np.concatenate(sharded.logprobs),
+                               np.concatenate(reference.logprobs), rtol=0, atol=1e-5)
+
+
+def test_each_device_holds_its_own_pool(split_model, shapes, mesh):
+    """Pages split over fsdp=3 and kv heads over tensor=2: every device's pool buffers are
+    [1 kv head, pages / 3, ...]; neither the whole pool nor one shard's all heads appear."""
+    from matpo_jax.sampler import loop
+    graphdef, state = split_model
+    config = loop.nnx.merge(graphdef, state).config
+    paged = PagedCache(page_size=8)
+    buckets = loop.normalize_buckets(None, shapes.max_len)
+    args = loop._prefix_arrays((), buckets, shapes.max_len)
+    profiles, truncation = loop.profile_settings(
+        (loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn),))
+    lowered = loop._slot_loop.lower(
+        graphdef, jax.device_put(state, parallel.param_shardings(state, mesh)),
+        jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args, profiles,
+        slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn, buckets=buckets,
+        lanes=1, truncation=truncation, stop_tables=((),), mesh=mesh, paged=paged)
+    text = lowered.compile().as_text()
+    pages, d, heads = paged.pool(shapes.slots, 0, shapes.max_len), config.head_dim, 2
+    assert pages % 3 == 0
+    assert f"f32[1,{pages // 3},8,{d}]" in text
+    for whole in (f"f32[{heads},{pages},8,{d}]", f"f32[1,{pages},8,{d}]",
+                  f"f32[{heads},{pages // 3},8,{d}]"):
+        assert whole not in text
+
+
+def test_a_shard_that_runs_out_of_pages_stops_the_loop_with_its_pool_named(
         split_model, scripted_host, shapes, greedy, mesh):
     graphdef, state = split_model
     sharded_state = jax.device_put(state, parallel.param_shardings(state, mesh))
-    with pytest.raises(SlotProtocolError, match=r"data x fsdp = 3 .*rollout\.kv_cache=dense"):
+    # 3 pages of 8 tokens a shard: a 20-token prompt and its turns outgrow one shard's pool.
+    with pytest.raises(SlotProtocolError, match=r"9 pages of 8 tokens \(3 in each of 3 batch "
+                                                r"shards' pools\).*rollout\.kv_pages"):
         _two_turns(sharded_state, graphdef, scripted_host, shapes, greedy,
-                   paged=PagedCache(page_size=8))
+                   paged=PagedCache(page_size=8, num_pages=9))
+
+
+def test_a_pool_that_does_not_split_over_the_batch_shards_is_refused(
+        split_model, scripted_host, shapes, greedy, mesh):
+    graphdef, state = split_model
+    sharded_state = jax.device_put(state, parallel.param_shardings(state, mesh))
+    with pytest.raises(SlotProtocolError, match=r"rollout\.kv_pages=10 .*data x fsdp = 3"):
+        _two_turns(sharded_state, graphdef, scripted_host, shapes, greedy,
+                   paged=PagedCache(page_size=8, num_pages=10))

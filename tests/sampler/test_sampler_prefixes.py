@@ -12,28 +12,6 @@ SYSTEM = [50, 51, 52, 53, 54, 55, 56, 57, 58]  # a "system prompt" every sequenc
 QUESTION = SYSTEM + [60, 61, 62, 63]  # a longer one some sequences share (a GRPO group's prompt)
 
 
-def prefixed_host(scripted_host):
-    """The scripted two-turn tool host, starting every new sequence from its longest prefix."""
-
-    class PrefixedHost(scripted_host):
-        prefixes = (SYSTEM, QUESTION)
-        hits: list
-
-        def _write(self, injection, slot, tokens, reset):
-            if reset:
-                self.hits = getattr(self, "hits", [])
-                for index in (1, 0):  # longest first
-                    prefix = self.prefixes[index]
-                    if tokens[:len(prefix)] == prefix:
-                        injection.prefix[slot] = index
-                        self.hits.append(len(prefix))
-                        tokens = tokens[len(prefix):]
-                        break
-            super()._write(injection, slot, tokens, reset)
-
-    return PrefixedHost
-
-
 # The dense cache, and pages of 4 tokens (prefixes of 9 and 13 tokens end mid-page: their full
 # pages are shared, the partial one copied) in a pool with room for every slot and prefix.
 @pytest.mark.parametrize("paged", [None, PagedCache(page_size=4)], ids=["dense", "paged"])
@@ -46,7 +24,7 @@ def test_prefix_started_slots_match_full_recompute(
     prompts = [QUESTION, QUESTION + [70, 71], SYSTEM + [80], SYSTEM + list(range(20, 31)),
                [5, 6, 7]]
     chunk = [7, 8, 9, 10, 11, 12, 13]
-    host = prefixed_host(scripted_host)(prompts, shapes.slots, chunk=chunk, turns=2)
+    host = scripted_host(prompts, shapes.slots, chunk=chunk, turns=2, prefixes=(SYSTEM, QUESTION))
     run_slots(state, graphdef, host, slots=shapes.slots, max_len=shapes.max_len, sampling=greedy,
               prefixes=host.prefixes, paged=paged)
     assert sorted(host.hits) == sorted([len(QUESTION)] * 2 + [len(SYSTEM)] * 2)
