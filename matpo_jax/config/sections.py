@@ -18,7 +18,7 @@ DTYPES = ("float32", "bfloat16")
 MODEL_FAMILIES = ("qwen3", "llama", "qwen2")  # model/config.py's FAMILIES; a test keeps them equal
 # model/config.py's ATTENTION_KERNELS (per path); a test keeps them equal.
 ATTENTION_TRAIN = ("auto", "xla", "splash", "cudnn", "pallas_gpu")
-ATTENTION_EXTEND = ("auto", "xla")
+ATTENTION_EXTEND = ("auto", "xla", "paged_tpu")
 ATTENTION_DECODE = ("auto", "xla", "paged_tpu", "paged_gpu")
 DATASETS = ("synthetic_multihop", "musique", "frames", "webwalkerqa", "gaia")
 # The splits of the published datasets' builders (data/musique.py, ...; a test keeps them equal).
@@ -82,7 +82,8 @@ class AttentionSection(Section):
     PATH = "model.attention"
     train: str = setting("auto", "packed training rows (segments, causal, shared prompts)",
                          choices=ATTENTION_TRAIN)
-    extend: str = setting("auto", "multi-token extend / prefill over the KV cache",
+    extend: str = setting("auto", "multi-token extend / prefill over the KV cache (paged_tpu: "
+                          "the Pallas kernel over rollout.kv_cache=paged)",
                           choices=ATTENTION_EXTEND)
     decode: str = setting("auto", "one-token decode steps over the KV cache (paged_tpu, "
                           "paged_gpu: the Pallas kernels over rollout.kv_cache=paged; with the "

@@ -35,6 +35,8 @@ AUTO_TRAIN = {"tpu": "splash", "gpu": "cudnn"}
 # What "auto" runs for one-token decode steps over a paged cache (others: "xla").
 AUTO_PAGED_DECODE = {"tpu": "paged_tpu", "gpu": "paged_gpu"}
 PAGED_KERNEL_BACKEND = {"paged_tpu": "tpu", "paged_gpu": "gpu"}
+# What "auto" runs for multi-token extends over a paged cache (others: "xla").
+AUTO_PAGED_EXTEND = {"tpu": "paged_tpu"}
 # The backend each training kernel is compiled for (elsewhere: Pallas interpret mode, or none).
 KERNEL_BACKEND = {"splash": "tpu", "cudnn": "gpu", "pallas_gpu": "gpu"}
 PALLAS_KERNELS = ("splash", "pallas_gpu")
@@ -185,9 +187,12 @@ def _check(path: str, choice: str) -> None:
 
 def extend_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                      lengths: jax.Array, choice: str) -> jax.Array:
-    """A multi-token extend over the heads-major cache (blocked_cached_attention's contract).
-    Only "xla" exists so far (see docs/attention_kernels.md for the paged kernels left)."""
+    """A multi-token extend over the heads-major (dense) cache (blocked_cached_attention's
+    contract): "xla" (the kernels read a paged cache)."""
     _check("extend", choice)
+    if choice in PAGED_KERNEL_BACKEND:
+        _note(f"model.attention.extend={choice}: the kernel reads a paged KV cache and this "
+              "cache is dense (rollout.kv_cache=paged pages it); running xla")
     _record(AttentionUse("extend", "xla", False, False, tuple(q.shape)))
     return blocked_cached_attention(q, k, v, positions, lengths)
 
@@ -206,13 +211,22 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
 def plan_paged_decode(choice: str, backend: str | None = None) -> tuple[str, bool, str | None]:
     """(implementation, interpret, note) of a one-token decode step over a paged cache."""
-    _check("decode", choice)
+    return _plan_paged("decode", choice, AUTO_PAGED_DECODE, backend)
+
+
+def plan_paged_extend(choice: str, backend: str | None = None) -> tuple[str, bool, str | None]:
+    """(implementation, interpret, note) of a multi-token extend over a paged cache."""
+    return _plan_paged("extend", choice, AUTO_PAGED_EXTEND, backend)
+
+
+def _plan_paged(path: str, choice: str, auto: dict, backend: str | None):
+    _check(path, choice)
     backend = backend or jax.default_backend()
-    name = AUTO_PAGED_DECODE.get(backend, "xla") if choice == "auto" else choice
+    name = auto.get(backend, "xla") if choice == "auto" else choice
     kernel_backend = PAGED_KERNEL_BACKEND.get(name)
     if kernel_backend is None or backend == kernel_backend:
         return name, False, None
-    return name, True, (f"model.attention.decode={name}: a {kernel_backend} kernel on {backend}: "
+    return name, True, (f"model.attention.{path}={name}: a {kernel_backend} kernel on {backend}: "
                         "running it in Pallas interpret mode (correct, slow)")
 
 
@@ -220,8 +234,8 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, view,
                     extend_choice: str, decode_choice: str) -> jax.Array:
     """New queries q [B, T, H, D] over a layer's pages (k_pages, v_pages [K, N, P, D], the new
     tokens already written) and a `paged_cache.PagedView` -> [B, T, H * D]. A one-token decode
-    step may run a paged kernel (TPU or GPU); multi-token extends run the XLA reference (the ragged
-    kernel is not wired: docs/attention_kernels.md)."""
+    step may run a paged kernel (TPU or GPU), a multi-token extend the TPU extend kernel
+    (paged_extend_kernel.py); otherwise the XLA reference."""
     batch, length, heads, head_dim = q.shape
     if length == 1:
         name, interpret, note = plan_paged_decode(decode_choice,
@@ -242,7 +256,19 @@ def paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, view,
             return out.reshape(batch, 1, heads * head_dim)
         _record(AttentionUse("decode", "xla", False, False, tuple(q.shape)))
     else:
-        _check("extend", extend_choice)
+        name, interpret, note = plan_paged_extend(extend_choice,
+                                                  kernel_sharding.mesh_platform(
+                                                      kernel_sharding.current_mesh()))
+        _note(note)
+        if name == "paged_tpu":
+            from matpo_jax.model.paged_extend_kernel import tpu_paged_extend_attention
+            _record(AttentionUse("extend", name, interpret, False, tuple(q.shape)))
+            kernel = functools.partial(tpu_paged_extend_attention, interpret=interpret)
+            mesh = kernel_sharding.current_mesh()
+            return (kernel(q, k_pages, v_pages, view.page_table, view.lengths, view.positions)
+                    if mesh is None else kernel_sharding.per_shard_paged_extend(
+                        kernel, mesh, q, k_pages, v_pages, view.page_table, view.lengths,
+                        view.positions))
         _record(AttentionUse("extend", "xla", False, False, tuple(q.shape)))
     return paged_cache.paged_attention_reference(q, k_pages, v_pages, view.page_table,
                                                  view.lengths, view.positions)

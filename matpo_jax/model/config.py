@@ -26,7 +26,8 @@ ROPE_TYPES = ("default", "linear", "llama3")
 # model.attention.<path>). "auto" picks by backend: the CPU runs "xla", the plain-jnp reference.
 ATTENTION_KERNELS = {
     "train": ("auto", "xla", "splash", "cudnn", "pallas_gpu"),  # packed training rows
-    "extend": ("auto", "xla"),  # multi-token extend / prefill over the KV cache
+    # multi-token extend / prefill over the KV cache; "paged_tpu" needs a paged cache
+    "extend": ("auto", "xla", "paged_tpu"),
     # one-token decode steps over the KV cache; "paged_*" need a paged cache (paged_cache.py)
     "decode": ("auto", "xla", "paged_tpu", "paged_gpu"),
 }

@@ -79,18 +79,39 @@ def per_shard(kernel: Callable, mesh: Mesh, q: jax.Array, k: jax.Array, v: jax.A
                          out_specs=heads_spec, check_vma=False)(q, k, v, segment_ids, prefix_ids)
 
 
+def _paged_axes(mesh: Mesh, heads: int, kv_heads: int) -> tuple:
+    """(batch axes, head axis) a paged kernel runs over: rows and pages over the batch axes that
+    split anything (each batch shard's own pool, paged_sharding.py), heads over "tensor" where
+    it divides both the query and the kv heads."""
+    tensor = mesh.shape.get(TENSOR_AXIS, 1)
+    split = tensor > 1 and heads % tensor == 0 and kv_heads % tensor == 0
+    rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1) or None
+    return rows, TENSOR_AXIS if split else None
+
+
 def per_shard_paged(kernel: Callable, mesh: Mesh, q: jax.Array, k_pages: jax.Array,
                     v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array) -> jax.Array:
     """kernel(q [B, H, D], k_pages, v_pages [K, N, P, D], page_table, lengths) -> [B, H, D] under
     shard_map over `mesh`: each chip its heads of its rows, its kv heads of its shard's pages (the
     layout `parallel.paged_cache_shardings` gives the pools; on a mesh that splits the batch, each
     batch shard's rows hold page ids of its own pool, paged_sharding.py)."""
-    tensor = mesh.shape.get(TENSOR_AXIS, 1)
-    split = tensor > 1 and q.shape[1] % tensor == 0 and k_pages.shape[0] % tensor == 0
-    head_axis = TENSOR_AXIS if split else None
-    rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1) or None
-    q_spec, pool_spec = P(rows, head_axis, None), P(head_axis, rows, None, None)
+    rows, heads = _paged_axes(mesh, q.shape[1], k_pages.shape[0])
+    q_spec, pool_spec = P(rows, heads, None), P(heads, rows, None, None)
     return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, pool_spec, pool_spec, P(rows),
                                                       P(rows)),
                          out_specs=q_spec, check_vma=False)(q, k_pages, v_pages, page_table,
                                                             lengths)
+
+
+def per_shard_paged_extend(kernel: Callable, mesh: Mesh, q: jax.Array, k_pages: jax.Array,
+                           v_pages: jax.Array, page_table: jax.Array, lengths: jax.Array,
+                           positions: jax.Array) -> jax.Array:
+    """kernel(q [B, T, H, D], k_pages, v_pages, page_table, lengths, positions) -> [B, T, H * D]
+    under shard_map over `mesh`, laid out as `per_shard_paged` lays out a decode step."""
+    rows, heads = _paged_axes(mesh, q.shape[2], k_pages.shape[0])
+    pool_spec = P(heads, rows, None, None)
+    return jax.shard_map(kernel, mesh=mesh,
+                         in_specs=(P(rows, None, heads, None), pool_spec, pool_spec, P(rows),
+                                   P(rows), P(rows)),
+                         out_specs=P(rows, None, heads), check_vma=False)(
+        q, k_pages, v_pages, page_table, lengths, positions)

@@ -21,7 +21,6 @@ import math
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from matpo_jax.model import kernel_sharding
@@ -96,9 +95,9 @@ def _stacked(cache):
 def on_shards(fn: Callable, cache, *row_args):
     """fn(cache, *row_args) -> cache, run on each shard's pool and rows (row_args: arrays whose
     first axis is the cache's rows). A one-shard cache runs fn directly."""
-    if cache.num_free.ndim == 0:
+    if cache.shards == 1:
         return fn(cache, *row_args)
-    mesh = sharded_mesh(cache.num_free.shape[0])
+    mesh = sharded_mesh(cache.shards)
     specs = cache_specs(cache, mesh)
     return jax.shard_map(lambda c, *a: _stacked(fn(_local(c), *a)), mesh=mesh,
                          in_specs=(specs,) + (rows_spec(mesh),) * len(row_args),

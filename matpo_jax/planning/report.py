@@ -20,7 +20,8 @@ def _attention(plan: dict) -> str:
     parts = []
     ts, ds = plan.get("train_step"), plan.get("decode_step")
     if ts:
-        parts.append(ts.get("attention", {}).get("train", "xla (not recorded)"))
+        train = ts.get("attention", {}).get("train", "xla (not recorded)")
+        parts.append(train + (" (shared prompts)" if ts.get("shared_prompts") else ""))
     decode = (ds or {}).get("attention", {}).get("decode", "xla")
     if not decode.startswith("xla"):
         parts.append(f"decode {decode}")

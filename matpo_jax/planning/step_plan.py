@@ -49,6 +49,9 @@ class PlanInputs:
     kv_cache: str = "dense"  # rollout.kv_cache: dense (slots x max_context) or paged
     kv_page_size: int = 64  # rollout.kv_page_size
     kv_pages: int = 0  # rollout.kv_pages (0: every slot at max_context)
+    # rl.share_prompts: the packed batches carry prefix_ids (every step's, whether or not a row
+    # shares a prompt), and the train step attends through the shared-prompt rule.
+    share_prompts: bool = False
 
     def kv_pool_pages(self, slots: int, batch_shards: int = 1) -> int:
         """A paged cache's pool for `slots` slots: kv_pages scaled from decode_slots to `slots`
@@ -84,7 +87,8 @@ def abstract_train_state(params, frozen, tx: optax.GradientTransformation, mesh)
 
 
 def abstract_batch(rows: int, length: int, mesh, with_ref_logprobs: bool,
-                   with_recomputed_logprobs: bool = False) -> PackedBatch:
+                   with_recomputed_logprobs: bool = False,
+                   with_prefix_ids: bool = False) -> PackedBatch:
     sharding = parallel.batch_sharding(mesh)
     ints = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=sharding)
     floats = jax.ShapeDtypeStruct((rows, length), jnp.float32, sharding=sharding)
@@ -92,7 +96,8 @@ def abstract_batch(rows: int, length: int, mesh, with_ref_logprobs: bool,
                        loss_mask=floats, advantages=floats, old_logprobs=floats,
                        loss_weights=floats, rollout_ids=ints,
                        ref_logprobs=floats if with_ref_logprobs else None,
-                       recomputed_logprobs=floats if with_recomputed_logprobs else None)
+                       recomputed_logprobs=floats if with_recomputed_logprobs else None,
+                       prefix_ids=ints if with_prefix_ids else None)
 
 
 def _memory(compiled) -> dict:
@@ -178,7 +183,7 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
     multiple = step_config.row_multiple(mesh)
     rows = -(-inputs.rows // multiple) * multiple
     batch = abstract_batch(rows, inputs.row_length, mesh, step_config.loss.kl_coef > 0,
-                           step_config.loss.rollout_correction != "off")
+                           step_config.loss.rollout_correction != "off", inputs.share_prompts)
     run = step_lib.make_train_step(graphdef, tx, step_config, mesh, shardings)
     start, cpu_start = time.perf_counter(), time.process_time()
     # The step names its mesh (TPU devices), so `auto` resolves for the TPU, not this host.
@@ -207,6 +212,7 @@ def train_step_plan(inputs: PlanInputs, mesh, graphdef, params, frozen) -> dict:
     return {
         "rows": rows, "row_length": inputs.row_length, "tokens": tokens,
         "attention": attention_dispatch.implementations(uses),
+        "shared_prompts": inputs.share_prompts,
         "rows_per_micro_batch_per_chip": rows / (step_config.micro_batches
                                                  * step_config.ppo_mini_batches
                                                  * mesh.shape["data"] * mesh.shape["fsdp"]),

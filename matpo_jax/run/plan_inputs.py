@@ -29,4 +29,5 @@ def plan_inputs(cfg: ExperimentConfig, *, rows: int | None = None, remat: str | 
                       max_context=cfg.rollout.max_context,
                       max_turn=cfg.rollout.max_new_tokens_per_turn, mfu=mfu,
                       lora=runtime.lora_config(cfg.model), kv_cache=cfg.rollout.kv_cache,
-                      kv_page_size=cfg.rollout.kv_page_size, kv_pages=cfg.rollout.kv_pages)
+                      kv_page_size=cfg.rollout.kv_page_size, kv_pages=cfg.rollout.kv_pages,
+                      share_prompts=cfg.rl.share_prompts)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import math
 from typing import Mapping, NamedTuple, Sequence
 
 import jax

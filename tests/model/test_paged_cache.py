@@ -2,8 +2,8 @@
 steps that cross page boundaries, into pages taken from a shuffled free stack, give the dense
 cache's attention; pages follow the tokens (allocation, release, reference counts); a shared
 prompt prefix reads like the row's own copy and is never written through; running out of pages
-is flagged and corrupts no other row. And the TPU paged-attention kernel in Pallas interpret mode
-equals the reference on ragged rows."""
+is flagged and corrupts no other row. And the TPU paged-attention kernels (decode, and our
+multi-token extend) in Pallas interpret mode equal the reference on ragged rows."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +14,7 @@ from matpo_jax.model.cached_attention import cached_attention
 from matpo_jax.model.paged_attention import (SMEM_TABLE_BYTES, gpu_paged_decode_attention,
                                              pages_per_compute_block, rows_per_call,
                                              tpu_paged_decode_attention)
+from matpo_jax.model.paged_extend_kernel import tpu_paged_extend_attention
 
 KV_HEADS, GROUP, HEAD_DIM, PAGE = 2, 3, 8, 4
 HEADS = KV_HEADS * GROUP
@@ -352,3 +353,30 @@ def test_gpu_paged_kernel_in_interpret_mode_equals_the_reference(page_size, page
     expected = pc.paged_attention_reference(q[:, None], k, v, cache.page_table, lengths,
                                             (lengths - 1)[:, None])
     np.testing.assert_allclose(got.reshape(rows, -1), expected[:, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("page_size, pages_per_row", [(4, 6), (8, 3)])
+def test_tpu_paged_extend_kernel_in_interpret_mode_equals_the_reference(page_size, pages_per_row):
+    """Multi-token extends over shuffled pages, rows starting empty, mid-page, on a page boundary
+    and near the table's end, writing 1 token up to a whole table; an empty lane (nothing
+    written, length 0) gets zeros. Grouped queries (3 heads a kv head), float32 pages."""
+    rng = np.random.default_rng(page_size)
+    max_len = page_size * pages_per_row
+    before = np.asarray([0, 5, page_size, 3, max_len - 2, 0], np.int32)
+    num = np.asarray([max_len, 3, page_size + 1, 1, 2, 0], np.int32)
+    rows, width = len(before), int(num.max())
+    cache = shuffled_free_stack(pc.init_paged_cache(1, KV_HEADS, HEAD_DIM, rows, max_len,
+                                                    rows * pages_per_row, page_size), page_size)
+    old = jnp.asarray(rng.normal(size=(rows, max_len, KV_HEADS, HEAD_DIM)), jnp.float32)
+    cache = write_step(cache, jnp.zeros(rows, jnp.int32), old, -old, jnp.asarray(before))
+    new = jnp.asarray(rng.normal(size=(rows, width, KV_HEADS, HEAD_DIM)), jnp.float32)
+    cache = write_step(cache, jnp.asarray(before), new, 0.5 * new, jnp.asarray(num))
+    assert not bool(cache.overflow)
+    positions = jnp.asarray(before)[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+    q = jnp.asarray(rng.normal(size=(rows, width, HEADS, HEAD_DIM)), jnp.float32)
+    args = (q, cache.k[0], cache.v[0], cache.page_table, cache.lengths, positions)
+    got = np.asarray(tpu_paged_extend_attention(*args, interpret=True))
+    expected = np.asarray(pc.paged_attention_reference(*args))
+    written = np.arange(width)[None, :] < num[:, None]
+    np.testing.assert_allclose(got[written], expected[written], rtol=1e-5, atol=1e-5)
+    assert not got[5].any()  # the empty lane

@@ -115,6 +115,24 @@ def test_tpu_paged_kernel_decodes_like_xla_on_the_same_bfloat16_cache():
                                   np.asarray(expected_cache.k[0], np.float32))
 
 
+def test_the_tpu_extend_kernel_prefills_and_extends_like_xla():
+    """model.attention.extend=paged_tpu: the prefill and the ragged extend (rows writing 4, 1
+    and 3 tokens after prompts of 5, 11 and 2) run our Pallas extend kernel in interpret mode;
+    the logits of every call, the greedy tokens and the pages written equal the XLA path's."""
+    model = CausalLM(CONFIG, rngs=nnx.Rngs(6))
+    kernel_model = CausalLM(dataclasses.replace(CONFIG, attention_extend="paged_tpu"),
+                            rngs=nnx.Rngs(6))
+    expected_logits, expected_tokens, expected = generate(model, paged(CONFIG), steps=3)
+    with attention_dispatch.record() as uses:
+        got_logits, got_tokens, got = generate(kernel_model, paged(CONFIG), steps=3)
+    assert attention_dispatch.implementations(uses) == {"extend": "paged_tpu (interpret)",
+                                                        "decode": "xla"}
+    np.testing.assert_array_equal(got_tokens, expected_tokens)
+    for a, b in zip(got_logits, expected_logits):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got.page_table, expected.page_table)
+
+
 def test_a_dense_cache_asked_for_the_paged_kernel_says_it_runs_xla(caplog):
     config = dataclasses.replace(CONFIG, attention_decode="paged_tpu")
     model = CausalLM(config, rngs=nnx.Rngs(0))
@@ -185,12 +203,12 @@ def test_the_paged_kernel_over_a_tensor_mesh_runs_per_shard_like_on_one_device()
 
 def test_a_pool_per_batch_shard_prefills_and_decodes_like_one_pool_with_the_kernel_per_shard():
     """Rows over data=2 and kv heads over tensor=2: each batch shard's rows allocate from its own
-    pool (paged_sharding.py) and the TPU kernel runs on each device's rows, kv heads and pages;
-    the logits equal one pool's on one device."""
+    pool (paged_sharding.py) and the TPU kernels (the prefill's extend, the decode step) run on
+    each device's rows, kv heads and pages; the logits equal one pool's on one device."""
     from matpo_jax import parallel
     from matpo_jax.model.kernel_sharding import kernel_mesh
     config = dataclasses.replace(CONFIG, attention_decode="paged_tpu", head_dim=128,
-                                 hidden_size=64)
+                                 hidden_size=64, attention_extend="paged_tpu")
     model = CausalLM(config, rngs=nnx.Rngs(5))
     rows, pages = 4, 24
     rng = np.random.default_rng(2)
@@ -221,7 +239,8 @@ def test_a_pool_per_batch_shard_prefills_and_decodes_like_one_pool_with_the_kern
 
     with attention_dispatch.record() as uses:
         got, cache = prefill_and_decode(state, tokens, lengths, sharded)
-    assert attention_dispatch.implementations(uses)["decode"] == "paged_tpu (interpret)"
+    assert attention_dispatch.implementations(uses) == {"extend": "paged_tpu (interpret)",
+                                                        "decode": "paged_tpu (interpret)"}
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     # Each shard used its own pool: rows 0-1 hold shard 0's pages, rows 2-3 shard 1's (local
     # ids), and each pool's free count is its own pages minus its rows' ceil(length / PAGE).
@@ -253,3 +272,9 @@ def test_auto_picks_the_paged_kernel_of_the_backend_and_interprets_it_elsewhere(
     assert attention_dispatch.plan_paged_decode("auto", "cpu") == ("xla", False, None)
     name, interpret, note = attention_dispatch.plan_paged_decode("paged_gpu", "tpu")
     assert (name, interpret) == ("paged_gpu", True) and "a gpu kernel on tpu" in note
+    # Multi-token extends: our TPU kernel on a TPU; XLA's reference elsewhere (no GPU kernel).
+    assert attention_dispatch.plan_paged_extend("auto", "tpu") == ("paged_tpu", False, None)
+    assert attention_dispatch.plan_paged_extend("auto", "gpu") == ("xla", False, None)
+    assert attention_dispatch.plan_paged_extend("auto", "cpu") == ("xla", False, None)
+    name, interpret, note = attention_dispatch.plan_paged_extend("paged_tpu", "cpu")
+    assert (name, interpret) == ("paged_tpu", True) and "model.attention.extend=paged_tpu" in note

@@ -46,6 +46,30 @@ def test_configs_translate_into_plan_inputs():
                         micro_batches=4)
     assert small.model.tie_word_embeddings and small.model.hidden_size == 1024
     assert (small.step.remat, small.step.micro_batches) == ("dots", 4)
+    # Training packs shared prompts by default (rl.share_prompts): the planned batch then
+    # carries prefix_ids, as every training batch does.
+    assert inputs.share_prompts
+    config = load_config_file("configs/qwen3_14b_musique.py")
+    config.rl.share_prompts = False
+    assert not plan_inputs(to_typed(config, check_files=False)).share_prompts
+
+
+def test_a_train_step_with_shared_prompts_compiles_the_prefix_rule_with_splash():
+    """rl.share_prompts: the batch has prefix_ids and splash runs the shared-prompt rule (two
+    kernel calls merged) per chip; compiled for a v5e 2x2 slice."""
+    pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu: pip install -e .[tpu]")
+    inputs = step_plan.PlanInputs(
+        model=CONFIG, mesh_shape=dict(data=1, fsdp=-1, tensor=1), rows=4, row_length=256,
+        step=ts.TrainStepConfig(remat="full", scan_layers=True, loss=LOSS),
+        optimizer=ts.OptimizerConfig(), decode_slots=4, max_context=256, share_prompts=True)
+    train = step_plan.make_plan(inputs, parse_topology("v5e:2x2"), decode=False)["train_step"]
+    assert train["attention"] == {"train": "splash"} and train["shared_prompts"]
+    assert train["memory_per_chip"]["compiled"] and train["fits"]
+    # The batch holds the prefix ids: one more [rows, length] int32 array, a quarter per chip.
+    plain = step_plan.make_plan(dataclasses.replace(inputs, share_prompts=False),
+                                parse_topology("v5e:2x2"), decode=False)["train_step"]
+    assert not plain["shared_prompts"]
+    assert train["memory_per_chip"]["batch"] - plain["memory_per_chip"]["batch"] == 4 * 256 * 4 // 4
 
 
 @pytest.fixture(scope="module")

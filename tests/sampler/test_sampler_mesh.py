@@ -40,22 +40,26 @@ def test_sharded_slot_loop_decodes_what_the_unsharded_one_does(
                                np.concatenate(reference.logprobs), rtol=0, atol=1e-5)
 
 
-def test_each_device_holds_its_share_of_the_cache(split_model, shapes, mesh):
-    """The partitioned program's cache buffers are per-device shards: [1 slot, 1 kv head, ...]
-    and never the whole [3, 2, ...] layer (no gather of the cache onto one device)."""
+def _compiled_loop(split_model, shapes, mesh, paged=None):
+    """(the tiny model's config, the slot loop compiled over `mesh` as HLO text)."""
     from matpo_jax.sampler import loop
     graphdef, state = split_model
-    config = loop.nnx.merge(graphdef, state).config
-    args = loop._prefix_arrays((), loop.normalize_buckets(None, shapes.max_len), shapes.max_len)
+    buckets = loop.normalize_buckets(None, shapes.max_len)
+    args = loop._prefix_arrays((), buckets, shapes.max_len)
     profiles, truncation = loop.profile_settings(
         (loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn),))
     lowered = loop._slot_loop.lower(
         graphdef, jax.device_put(state, parallel.param_shardings(state, mesh)),
         jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args, profiles,
-        slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn,
-        buckets=loop.normalize_buckets(None, shapes.max_len), lanes=1,
-        truncation=truncation, stop_tables=((),), mesh=mesh)
-    text = lowered.compile().as_text()
+        slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn, buckets=buckets,
+        lanes=1, truncation=truncation, stop_tables=((),), mesh=mesh, paged=paged)
+    return loop.nnx.merge(graphdef, state).config, lowered.compile().as_text()
+
+
+def test_each_device_holds_its_share_of_the_cache(split_model, shapes, mesh):
+    """The partitioned program's cache buffers are per-device shards: [1 slot, 1 kv head, ...]
+    and never the whole [3, 2, ...] layer (no gather of the cache onto one device)."""
+    config, text = _compiled_loop(split_model, shapes, mesh)
     d, n = config.head_dim, shapes.max_len
     assert f"f32[1,1,{d},{n}]" in text and f"f32[1,1,{n},{d}]" in text  # keys, values shards
     heads = config.num_key_value_heads
@@ -86,20 +90,8 @@ def test_a_paged_cache_over_tensor_decodes_what_the_unsharded_loop_does(
 def test_each_device_holds_its_kv_heads_of_the_page_pool(split_model, shapes, tensor_mesh):
     """The pool [kv_heads, pages, page_size, head_dim] is split on kv heads: each device's buffers
     are [1, pages, ...] and the whole [2, pages, ...] pool appears nowhere in the program."""
-    from matpo_jax.sampler import loop
-    graphdef, state = split_model
-    config = loop.nnx.merge(graphdef, state).config
     paged = PagedCache(page_size=8)
-    buckets = loop.normalize_buckets(None, shapes.max_len)
-    args = loop._prefix_arrays((), buckets, shapes.max_len)
-    profiles, truncation = loop.profile_settings(
-        (loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn),))
-    lowered = loop._slot_loop.lower(
-        graphdef, jax.device_put(state, parallel.param_shardings(state, tensor_mesh)),
-        jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args, profiles,
-        slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn, buckets=buckets,
-        lanes=1, truncation=truncation, stop_tables=((),), mesh=tensor_mesh, paged=paged)
-    text = lowered.compile().as_text()
+    config, text = _compiled_loop(split_model, shapes, tensor_mesh, paged)
     pages, d = paged.pool(shapes.slots, 0, shapes.max_len), config.head_dim
     assert f"f32[1,{pages},8,{d}]" in text
     assert f"f32[{config.num_key_value_heads},{pages},8,{d}]" not in text
@@ -141,20 +133,8 @@ def test_a_pool_per_batch_shard_decodes_what_the_unsharded_loop_does(
 def test_each_device_holds_its_own_pool(split_model, shapes, mesh):
     """Pages split over fsdp=3 and kv heads over tensor=2: every device's pool buffers are
     [1 kv head, pages / 3, ...]; neither the whole pool nor one shard's all heads appear."""
-    from matpo_jax.sampler import loop
-    graphdef, state = split_model
-    config = loop.nnx.merge(graphdef, state).config
     paged = PagedCache(page_size=8)
-    buckets = loop.normalize_buckets(None, shapes.max_len)
-    args = loop._prefix_arrays((), buckets, shapes.max_len)
-    profiles, truncation = loop.profile_settings(
-        (loop.Sampling(greedy=True, max_turn_tokens=shapes.max_turn),))
-    lowered = loop._slot_loop.lower(
-        graphdef, jax.device_put(state, parallel.param_shardings(state, mesh)),
-        jax.random.key(0), np.int32(0), np.int32(1), np.int32(1), *args, profiles,
-        slots=shapes.slots, max_len=shapes.max_len, max_turn=shapes.max_turn, buckets=buckets,
-        lanes=1, truncation=truncation, stop_tables=((),), mesh=mesh, paged=paged)
-    text = lowered.compile().as_text()
+    config, text = _compiled_loop(split_model, shapes, mesh, paged)
     pages, d, heads = paged.pool(shapes.slots, 0, shapes.max_len), config.head_dim, 2
     assert pages % 3 == 0
     assert f"f32[1,{pages // 3},8,{d}]" in text
