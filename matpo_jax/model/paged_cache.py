@@ -5,7 +5,8 @@ tokens in flight rather than rows x max context, and rows that share a prompt sh
 Layout (the TPU paged-attention kernel's, see paged_attention.py), per layer:
   k, v        [kv_heads, num_pages, page_size, head_dim]
   page_table  [rows, pages_per_row] int32: entry j is the page holding the row's tokens
-              [j * page_size, (j + 1) * page_size); NO_PAGE (= num_pages) where none is mapped.
+              [j * page_size, (j + 1) * page_size); `no_page` (= num_pages, a shard's pages
+              when split) where none is mapped.
   lengths     [rows] int32: tokens written per row (the next write position).
 
 Pages are reference-counted so that a prompt's full pages can sit in several tables at once
