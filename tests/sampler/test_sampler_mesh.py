@@ -1,13 +1,17 @@
 """The slot loop over a mesh: the KV cache split over slots (data x fsdp) and kv heads (tensor)
 decodes exactly what the unsharded loop decodes, and no device holds the whole cache; a paged
 cache split over kv heads, and one with a pool per batch shard, do the same."""
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from matpo_jax import parallel
 from matpo_jax.sampler.host_protocol import SlotProtocolError
 from matpo_jax.sampler.loop import PagedCache, mesh_of, run_slots
+from matpo_jax.sampler.writes import pick_lanes
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +130,34 @@ def test_a_pool_per_batch_shard_decodes_what_the_unsharded_loop_does(
     assert sorted(sharded.hits) == sorted(reference.hits) and len(sharded.hits) == 4
     assert sharded.tokens == reference.tokens
     assert sharded.stop_reasons == reference.stop_reasons
+    np.testing.assert_allclose(np.concatenate(sharded.logprobs),
+                               np.concatenate(reference.logprobs), rtol=0, atol=1e-5)
+
+
+def test_injection_lanes_are_picked_per_shard_in_shard_order():
+    """12 rows in 3 shards of 4: each extend takes lanes / 3 pending rows from every shard's
+    block, in shard order; an empty lane (row 12, dropped on the way back) reads its own
+    shard's last row."""
+    pending = jnp.asarray([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0], bool)
+    rows, gather = pick_lanes(pending, 3, shards=3)
+    assert rows.tolist() == [0, 12, 8] and gather.tolist() == [0, 7, 8]
+    rows, gather = pick_lanes(pending, 6, shards=3)
+    assert rows.tolist() == [0, 2, 12, 12, 8, 9] and gather.tolist() == [0, 2, 7, 7, 8, 9]
+    rows, gather = pick_lanes(pending, 3)  # one pool: the first pending rows anywhere
+    assert rows.tolist() == [0, 2, 3] and gather.tolist() == [0, 2, 3]
+
+
+def test_a_pool_per_batch_shard_with_two_slots_a_shard_injects_lane_by_lane(
+        split_model, scripted_host, shapes, greedy, mesh):
+    """6 slots over fsdp=3 with one lane a shard: injections loop over per-shard lanes (a shard
+    with nothing pending fills its lane with an empty row) and decode the unsharded tokens."""
+    graphdef, state = split_model
+    six = dataclasses.replace(shapes, slots=6)
+    sharded_state = jax.device_put(state, parallel.param_shardings(state, mesh))
+    reference, _ = _prefixed_two_turns(state, graphdef, scripted_host, six, greedy, lanes=1)
+    sharded, _ = _prefixed_two_turns(sharded_state, graphdef, scripted_host, six, greedy,
+                                     lanes=3, paged=PagedCache(page_size=4))
+    assert sharded.tokens == reference.tokens
     np.testing.assert_allclose(np.concatenate(sharded.logprobs),
                                np.concatenate(reference.logprobs), rtol=0, atol=1e-5)
 
