@@ -50,18 +50,25 @@ def mesh_platform(mesh: Mesh | None) -> str | None:
     return "gpu" if platform in ("cuda", "rocm") else platform
 
 
+def batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
+    """The mesh's batch axes that split anything (size > 1)."""
+    if mesh is None:
+        return ()
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+
+
 def shard_specs(mesh: Mesh, batch: int, heads: int, kv_heads: int) -> tuple[P, P]:
     """(spec of q / k / v [B, T, heads, D], spec of ids [B, T]). An axis that does not divide its
     dimension is left out (that dimension is then replicated: correct, only redundant), and heads
     go over "tensor" only if both the query and the kv heads divide, so each chip keeps whole
     groups of query heads with their kv head."""
-    batch_axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
-    if batch % math.prod(mesh.shape[a] for a in batch_axes):
-        batch_axes = ()
+    rows = batch_axes(mesh)
+    if batch % math.prod(mesh.shape[a] for a in rows):
+        rows = ()
     tensor = mesh.shape.get(TENSOR_AXIS, 1)
     head_axis = TENSOR_AXIS if tensor > 1 and heads % tensor == 0 and kv_heads % tensor == 0 \
         else None
-    rows = batch_axes or None
+    rows = rows or None
     return P(rows, None, head_axis, None), P(rows, None)
 
 
@@ -85,8 +92,7 @@ def _paged_axes(mesh: Mesh, heads: int, kv_heads: int) -> tuple:
     it divides both the query and the kv heads."""
     tensor = mesh.shape.get(TENSOR_AXIS, 1)
     split = tensor > 1 and heads % tensor == 0 and kv_heads % tensor == 0
-    rows = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1) or None
-    return rows, TENSOR_AXIS if split else None
+    return batch_axes(mesh) or None, TENSOR_AXIS if split else None
 
 
 def per_shard_paged(kernel: Callable, mesh: Mesh, q: jax.Array, k_pages: jax.Array,

@@ -24,16 +24,9 @@ import jax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from matpo_jax.model import kernel_sharding
-from matpo_jax.parallel.mesh import BATCH_AXES
+from matpo_jax.model.kernel_sharding import batch_axes
 
 TENSOR_AXIS = kernel_sharding.TENSOR_AXIS
-
-
-def batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
-    """The mesh's batch axes that split anything (size > 1)."""
-    if mesh is None:
-        return ()
-    return tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
 
 
 def batch_shards(mesh: Mesh | None) -> int:

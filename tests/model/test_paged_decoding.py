@@ -248,7 +248,10 @@ def test_a_pool_per_batch_shard_prefills_and_decodes_like_one_pool_with_the_kern
     np.testing.assert_array_equal(np.asarray(cache.num_free),
                                   [pages // 2 - held[:2].sum(), pages // 2 - held[2:].sum()])
     table = np.asarray(cache.page_table)
-    assert (table[table < pages // 2] >= 0).all() and table.max() == pages // 2  # no_page
+    for rows_of_shard in (table[:2], table[2:]):  # local ids: distinct, within a shard's pool
+        mapped = rows_of_shard[rows_of_shard != pages // 2]  # pages // 2: a shard's no_page
+        assert len(set(mapped.tolist())) == len(mapped) and mapped.max() < pages // 2
+    assert (table != pages // 2).sum(axis=1).tolist() == held.tolist()
 
 
 def test_the_gpu_paged_kernel_decodes_like_xla_on_the_same_cache():
